@@ -1,0 +1,207 @@
+//! Turns the `pathPattern` class parameter into a volume's directory, and checks that a
+//! directory stays inside the granted one.
+
+use crate::wasm_provisioner::provisioner::types::{Pair, ProvisionRequest};
+
+/// What a `pathPattern` can refer to.
+pub struct PatternValues<'a> {
+    /// `${pv.name}`.
+    pub pv_name: &'a str,
+    /// `${pvc.namespace}`.
+    pub claim_namespace: &'a str,
+    /// `${pvc.name}`.
+    pub claim_name: &'a str,
+    /// `${pvc.labels.KEY}`.
+    pub claim_labels: &'a [Pair],
+    /// `${pvc.annotations.KEY}`.
+    pub claim_annotations: &'a [Pair],
+}
+
+impl<'a> PatternValues<'a> {
+    /// The values a provision request offers.
+    pub fn of(request: &'a ProvisionRequest) -> Self {
+        Self {
+            pv_name: &request.pv_name,
+            claim_namespace: &request.claim.namespace,
+            claim_name: &request.claim.name,
+            claim_labels: &request.claim.labels,
+            claim_annotations: &request.claim.annotations,
+        }
+    }
+
+    fn lookup(&self, variable: &str) -> Result<&'a str, String> {
+        if let Some(key) = variable.strip_prefix("pvc.labels.") {
+            return value_of(self.claim_labels, key)
+                .ok_or_else(|| format!("the claim has no label {key:?}"));
+        }
+        if let Some(key) = variable.strip_prefix("pvc.annotations.") {
+            return value_of(self.claim_annotations, key)
+                .ok_or_else(|| format!("the claim has no annotation {key:?}"));
+        }
+        match variable {
+            "pv.name" => Ok(self.pv_name),
+            "pvc.namespace" => Ok(self.claim_namespace),
+            "pvc.name" => Ok(self.claim_name),
+            _ => Err(format!(
+                "unknown variable \"${{{variable}}}\" (known: ${{pvc.namespace}}, ${{pvc.name}}, ${{pv.name}}, \
+                 ${{pvc.labels.KEY}}, ${{pvc.annotations.KEY}})"
+            )),
+        }
+    }
+}
+
+fn value_of<'a>(pairs: &'a [Pair], key: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|pair| pair.key == key)
+        .map(|pair| pair.value.as_str())
+}
+
+/// Expands `pattern` and checks that the result is a safe relative directory.
+/// Errors name the pattern, for the `ProvisioningFailed` event.
+pub fn expand(pattern: &str, values: &PatternValues) -> Result<String, String> {
+    let mut expanded = String::new();
+    let mut rest = pattern;
+    while let Some(start) = rest.find("${") {
+        expanded.push_str(&rest[..start]);
+        let after_open = &rest[start + 2..];
+        let end = after_open
+            .find('}')
+            .ok_or_else(|| format!("parameter pathPattern {pattern:?}: unclosed \"${{\""))?;
+        let value = values
+            .lookup(&after_open[..end])
+            .map_err(|why| format!("parameter pathPattern {pattern:?}: {why}"))?;
+        expanded.push_str(value);
+        rest = &after_open[end + 1..];
+    }
+    expanded.push_str(rest);
+    check_relative_dir(&expanded).map_err(|why| {
+        format!("parameter pathPattern {pattern:?} expands to {expanded:?}, which {why}")
+    })?;
+    Ok(expanded)
+}
+
+/// Checks that `dir` is a relative path of plain components (no `..`, `.`, empty or absolute
+/// parts), so that joining it to the granted directory stays inside it.
+/// The error completes a sentence such as "`dir` ...".
+pub fn check_relative_dir(dir: &str) -> Result<(), String> {
+    if dir.is_empty() {
+        return Err("is empty".to_owned());
+    }
+    if dir.starts_with('/') {
+        return Err("is absolute".to_owned());
+    }
+    if dir.contains('\0') {
+        return Err("contains a NUL character".to_owned());
+    }
+    for component in dir.split('/') {
+        match component {
+            "" => return Err("has an empty path component".to_owned()),
+            "." | ".." => return Err(format!("has a {component:?} path component")),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(key: &str, value: &str) -> Pair {
+        Pair {
+            key: key.to_owned(),
+            value: value.to_owned(),
+        }
+    }
+
+    fn expand_for_claim(pattern: &str) -> Result<String, String> {
+        let labels = [pair("app.kubernetes.io/name", "db"), pair("tier", "")];
+        let annotations = [
+            pair("example.com/dir", "../../etc"),
+            pair("example.com/sub", "a/b"),
+        ];
+        let values = PatternValues {
+            pv_name: "pvc-1234",
+            claim_namespace: "team-a",
+            claim_name: "data",
+            claim_labels: &labels,
+            claim_annotations: &annotations,
+        };
+        expand(pattern, &values)
+    }
+
+    #[test]
+    fn expands_every_variable() {
+        assert_eq!(
+            expand_for_claim("${pvc.namespace}/${pvc.name}").unwrap(),
+            "team-a/data"
+        );
+        assert_eq!(expand_for_claim("${pv.name}").unwrap(), "pvc-1234");
+        assert_eq!(
+            expand_for_claim("x-${pvc.labels.app.kubernetes.io/name}-y").unwrap(),
+            "x-db-y"
+        );
+        assert_eq!(
+            expand_for_claim("${pvc.annotations.example.com/sub}/${pv.name}").unwrap(),
+            "a/b/pvc-1234"
+        );
+        assert_eq!(expand_for_claim("static/dir").unwrap(), "static/dir");
+    }
+
+    #[test]
+    fn unknown_variables_missing_keys_and_unclosed_braces_are_errors() {
+        let error = expand_for_claim("${pvc.uid}").unwrap_err();
+        assert!(error.contains("unknown variable \"${pvc.uid}\""), "{error}");
+        let error = expand_for_claim("${pvc.labels.nope}").unwrap_err();
+        assert!(error.contains("no label \"nope\""), "{error}");
+        let error = expand_for_claim("${pvc.annotations.nope}").unwrap_err();
+        assert!(error.contains("no annotation \"nope\""), "{error}");
+        let error = expand_for_claim("${pvc.name").unwrap_err();
+        assert!(error.contains("unclosed"), "{error}");
+    }
+
+    #[test]
+    fn escaping_results_are_refused_and_name_the_pattern() {
+        let error = expand_for_claim("${pvc.annotations.example.com/dir}").unwrap_err();
+        assert!(
+            error.starts_with("parameter pathPattern \"${pvc.annotations.example.com/dir}\""),
+            "{error}"
+        );
+        assert!(error.contains("\"..\""), "{error}");
+        assert!(
+            expand_for_claim("/abs/${pv.name}")
+                .unwrap_err()
+                .contains("is absolute")
+        );
+        assert!(
+            expand_for_claim("a/${pvc.labels.tier}/${pv.name}")
+                .unwrap_err()
+                .contains("empty path component")
+        );
+        assert!(
+            expand_for_claim("${pvc.labels.tier}")
+                .unwrap_err()
+                .contains("is empty")
+        );
+        assert!(
+            expand_for_claim("a//b")
+                .unwrap_err()
+                .contains("empty path component")
+        );
+        assert!(expand_for_claim("a/./b").unwrap_err().contains("\".\""));
+        assert!(
+            expand_for_claim("a/")
+                .unwrap_err()
+                .contains("empty path component")
+        );
+    }
+
+    #[test]
+    fn plain_relative_dirs_pass() {
+        assert_eq!(check_relative_dir("pvc-1"), Ok(()));
+        assert_eq!(check_relative_dir("ns/name/..x"), Ok(()));
+        assert!(check_relative_dir("..").is_err());
+        assert!(check_relative_dir("a/../b").is_err());
+    }
+}

@@ -1,0 +1,733 @@
+//! The provision path: one reconcile per claim, from "is it ours?" to a created PV.
+//!
+//! Intent is recorded durably before any guest call: our finalizer on the claim. It comes off
+//! only once the PV exists or the storage is gone, so a claim deleted mid-provision, or a
+//! controller killed between the guest call and the PV create, ends with exactly one PV or no
+//! storage, never an orphan.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{Instrument, info_span};
+
+use super::Context;
+use super::decide::{self, ClaimDecision, FINALIZER_CLAIM, has_finalizer};
+use super::events::{self, publish};
+use super::failures::fingerprint;
+use crate::wasm::bindings::types::{DeleteRequest, ProvisionError, ProvisionRequest};
+use crate::wasm::convert::{self, ConvertError, PvIdentity};
+use crate::wasm::{CallError, Guest};
+
+/// Why a claim reconcile did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// The claim's class is not in the cache (yet).
+    #[error("storageclass.storage.k8s.io {0:?} not found")]
+    ClassNotFound(String),
+    /// The guest failed for good (final error, fault or a refused volume).
+    #[error(transparent)]
+    Guest(CallError),
+    /// The guest asked to be retried.
+    #[error("{0}")]
+    Transient(String),
+    /// The guest is still working in the background.
+    #[error("provisioning in background: {0}")]
+    InBackground(String),
+    /// The PV could not be created; its storage was deleted again.
+    #[error("creating PV {pv}: {source}")]
+    CreatePv {
+        /// The PV name.
+        pv: String,
+        /// The last API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The PV could not be created and its storage could not be deleted either.
+    #[error("cleaning up storage of PV {pv} failed: {source}")]
+    Cleanup {
+        /// The PV name.
+        pv: String,
+        /// The guest's error.
+        #[source]
+        source: CallError,
+    },
+    /// The claim cannot be expressed in the contract.
+    #[error(transparent)]
+    Convert(#[from] ConvertError),
+    /// An API request failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The whole operation ran past `--provision-timeout`.
+    #[error("provisioning did not finish within {0:?}")]
+    Timeout(Duration),
+    /// The claim has no UID (never from a real API server).
+    #[error("claim has no uid")]
+    NoUid,
+}
+
+impl ClaimError {
+    /// Whether this failure counts toward `--failed-provision-threshold`.
+    pub fn counts(&self) -> bool {
+        !matches!(self, ClaimError::Transient(_) | ClaimError::InBackground(_))
+    }
+
+    /// Short label for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ClaimError::ClassNotFound(_) => "class-not-found",
+            ClaimError::Guest(CallError::Fault { kind, .. }) => kind.as_str(),
+            ClaimError::Guest(CallError::Rejected { .. }) => "rejected",
+            ClaimError::Guest(CallError::Guest { .. }) => "final",
+            ClaimError::Transient(_) => "transient",
+            ClaimError::InBackground(_) => "in-background",
+            ClaimError::CreatePv { .. } => "create-pv",
+            ClaimError::Cleanup { .. } => "cleanup",
+            ClaimError::Convert(_) => "invalid-claim",
+            ClaimError::Kube(_) => "api",
+            ClaimError::Timeout(_) => "timeout",
+            ClaimError::NoUid => "invalid-claim",
+        }
+    }
+}
+
+/// What identifies "the same claim spec" for give-up purposes.
+fn claim_fingerprint(pvc: &PersistentVolumeClaim) -> u64 {
+    fingerprint(&(
+        &pvc.spec,
+        decide::claim_provisioner(pvc),
+        decide::claim_class(pvc),
+        decide::selected_node(pvc),
+    ))
+}
+
+/// Claims that name `class` and are still unbound: re-checked when the class appears or changes.
+pub fn claims_of_class(
+    claims: &Store<PersistentVolumeClaim>,
+    class: &StorageClass,
+) -> Vec<ObjectRef<PersistentVolumeClaim>> {
+    let name = class.name_any();
+    claims
+        .state()
+        .iter()
+        .filter(|c| decide::claim_class(c) == Some(name.as_str()))
+        .filter(|c| {
+            c.spec
+                .as_ref()
+                .and_then(|s| s.volume_name.as_ref())
+                .is_none()
+        })
+        .map(|c| ObjectRef::from_obj(c.as_ref()))
+        .collect()
+}
+
+/// Reconciles one claim: bookkeeping around [`provision`].
+pub async fn reconcile(
+    pvc: Arc<PersistentVolumeClaim>,
+    ctx: Arc<Context>,
+) -> Result<Action, ClaimError> {
+    let uid = pvc.metadata.uid.clone().ok_or(ClaimError::NoUid)?;
+    let span = info_span!("claim", namespace = %pvc.namespace().unwrap_or_default(), claim = %pvc.name_any(), %uid);
+    let fp = claim_fingerprint(&pvc);
+    let deleting = pvc.metadata.deletion_timestamp.is_some();
+    if !deleting
+        && ctx
+            .claim_failures
+            .lock()
+            .expect("lock")
+            .is_given_up(&uid, fp)
+    {
+        return Ok(Action::await_change());
+    }
+    let timeout = ctx.settings.provision_timeout;
+    let outcome = match tokio::time::timeout(
+        timeout,
+        provision(pvc.clone(), ctx.clone()).instrument(span.clone()),
+    )
+    .await
+    {
+        Ok(outcome) => outcome,
+        Err(_) => Err(ClaimError::Timeout(timeout)),
+    };
+    match outcome {
+        Ok(action) => Ok(action),
+        Err(error) => {
+            let _entered = span.enter();
+            tracing::warn!(%error, kind = error.label(), "provisioning failed");
+            if error.counts() {
+                let threshold = ctx.settings.failed_provision_threshold;
+                let failures = ctx
+                    .claim_failures
+                    .lock()
+                    .expect("lock")
+                    .record_failure(&uid, fp);
+                if decide::exceeded_threshold(failures, threshold) {
+                    ctx.claim_failures.lock().expect("lock").give_up(&uid, fp);
+                    tracing::warn!(failures, "giving up on claim");
+                    publish(
+                        &ctx.recorder,
+                        &pvc.object_ref(&()),
+                        true,
+                        events::GIVEN_UP,
+                        "Provision",
+                        format!(
+                            "Giving up after {failures} failed attempts (threshold {threshold}); the last error was: {error}. Change the claim or restart the provisioner to retry."
+                        ),
+                    )
+                    .await;
+                }
+            }
+            Err(error)
+        }
+    }
+}
+
+/// Requeue policy: exponential backoff for counted failures, the start interval for the rest.
+pub fn error_policy(
+    pvc: Arc<PersistentVolumeClaim>,
+    error: &ClaimError,
+    ctx: Arc<Context>,
+) -> Action {
+    let settings = &ctx.settings;
+    let Some(uid) = pvc.metadata.uid.as_deref() else {
+        return Action::await_change();
+    };
+    let fp = claim_fingerprint(&pvc);
+    let mut book = ctx.claim_failures.lock().expect("lock");
+    if book.is_given_up(uid, fp) {
+        return Action::await_change();
+    }
+    if !error.counts() {
+        return Action::requeue(settings.retry_interval_start);
+    }
+    let failures = book.failures(uid, fp);
+    Action::requeue(decide::backoff(
+        failures,
+        settings.retry_interval_start,
+        settings.retry_interval_max,
+    ))
+}
+
+async fn provision(
+    pvc: Arc<PersistentVolumeClaim>,
+    ctx: Arc<Context>,
+) -> Result<Action, ClaimError> {
+    if pvc.metadata.deletion_timestamp.is_some() {
+        return finish_deleted_claim(&pvc, &ctx).await;
+    }
+    let plugins = ctx.plugins();
+    let class = decide::claim_class(&pvc).and_then(|name| ctx.class(name));
+    let decision = decide::should_provision(&pvc, |p| plugins.serves(p), class.as_deref());
+    let (provisioner, class_name) = match decision {
+        ClaimDecision::Skip(reason) => {
+            tracing::trace!(reason, "not provisioning");
+            release_if_pv_exists(&pvc, &ctx).await?;
+            return Ok(Action::await_change());
+        }
+        ClaimDecision::ClassMissing(name) => {
+            let error = ClaimError::ClassNotFound(name.to_string());
+            warn_claim(&ctx, &pvc, events::PROVISIONING_FAILED, error.to_string()).await;
+            return Err(error);
+        }
+        ClaimDecision::Provision { provisioner, class } => {
+            (provisioner.to_string(), class.to_string())
+        }
+    };
+    let class = class.expect("decided with a class");
+    let guest = plugins
+        .for_provisioner(&provisioner)
+        .expect("decided for a served provisioner")
+        .clone();
+    let pv_name = decide::pv_name(&pvc).ok_or(ClaimError::NoUid)?;
+    if ctx.volumes.get(&ObjectRef::new(&pv_name)).is_some() {
+        release_if_pv_exists(&pvc, &ctx).await?;
+        return Ok(Action::await_change());
+    }
+    if decide::wants_block(&pvc) && !guest.supports_block().await.map_err(ClaimError::Guest)? {
+        let uid = pvc.metadata.uid.clone().unwrap_or_default();
+        ctx.claim_failures
+            .lock()
+            .expect("lock")
+            .give_up(&uid, claim_fingerprint(&pvc));
+        warn_claim(
+            &ctx,
+            &pvc,
+            events::PROVISIONING_FAILED,
+            format!("{provisioner} does not support block volume provisioning"),
+        )
+        .await;
+        return Ok(Action::await_change());
+    }
+    let request = provision_request(&pvc, &class, &guest, &pv_name)?;
+    if !guest
+        .should_provision(&request.claim, &request.storage_class)
+        .await
+        .map_err(ClaimError::Guest)?
+    {
+        tracing::debug!("guest's qualifier declined the claim");
+        return Ok(Action::await_change());
+    }
+
+    let pvc = set_finalizer(&ctx, &pvc, true).await?;
+    publish(
+        &ctx.recorder,
+        &pvc.object_ref(&()),
+        false,
+        events::PROVISIONING,
+        "Provision",
+        format!(
+            "External provisioner is provisioning volume for claim \"{}/{}\"",
+            pvc.namespace().unwrap_or_default(),
+            pvc.name_any()
+        ),
+    )
+    .await;
+
+    let built = match guest.provision(&request).await {
+        Ok(built) => built,
+        Err(CallError::Guest { error, guest: name }) => {
+            return guest_declined(&ctx, &pvc, name, error).await;
+        }
+        Err(error) => {
+            warn_claim(&ctx, &pvc, events::PROVISIONING_FAILED, error.to_string()).await;
+            return Err(ClaimError::Guest(error));
+        }
+    };
+    let pv = convert::persistent_volume(
+        &PvIdentity {
+            name: &pv_name,
+            claim: &pvc,
+            class: &class,
+            class_name: &class_name,
+        },
+        &built,
+    );
+
+    // The claim may have been deleted while the guest worked: then the storage goes, no PV.
+    let claims: Api<PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default());
+    ctx.api_budget().await;
+    let live = claims.get_opt(&pvc.name_any()).await?;
+    let same_claim = live.as_ref().filter(|l| l.metadata.uid == pvc.metadata.uid);
+    if same_claim.is_none_or(|l| l.metadata.deletion_timestamp.is_some()) {
+        tracing::info!(pv = %pv_name, "claim deleted while provisioning; deleting the new storage");
+        delete_storage(&ctx, &guest, &pv, Some(&class))
+            .await
+            .map_err(|source| ClaimError::Cleanup {
+                pv: pv_name.clone(),
+                source,
+            })?;
+        if let Some(live) = same_claim {
+            set_finalizer(&ctx, live, false).await?;
+            publish(
+                &ctx.recorder,
+                &live.object_ref(&()),
+                false,
+                events::PROVISIONING_ABANDONED,
+                "Provision",
+                format!("Claim was deleted while provisioning; storage for {pv_name} was deleted"),
+            )
+            .await;
+        }
+        return Ok(Action::await_change());
+    }
+    let live = same_claim.expect("checked above");
+
+    match create_pv(&ctx, &pv).await {
+        Ok(()) => {
+            publish(
+                &ctx.recorder,
+                &live.object_ref(&()),
+                false,
+                events::PROVISIONING_SUCCEEDED,
+                "Provision",
+                format!("Successfully provisioned volume {pv_name}"),
+            )
+            .await;
+            set_finalizer(&ctx, live, false).await?;
+            ctx.claim_failures
+                .lock()
+                .expect("lock")
+                .forget(live.metadata.uid.as_deref().unwrap_or_default());
+            tracing::info!(pv = %pv_name, guest = guest.name(), "provisioned");
+            Ok(Action::await_change())
+        }
+        Err(source) => {
+            warn_claim(
+                &ctx,
+                live,
+                events::PROVISIONING_FAILED,
+                format!(
+                    "Error creating provisioned PV object for claim {}/{}: {source}. Deleting the volume.",
+                    live.namespace().unwrap_or_default(),
+                    live.name_any()
+                ),
+            )
+            .await;
+            match delete_storage_with_retries(&ctx, &guest, &pv, Some(&class)).await {
+                Ok(()) => {
+                    set_finalizer(&ctx, live, false).await?;
+                    Err(ClaimError::CreatePv {
+                        pv: pv_name,
+                        source,
+                    })
+                }
+                Err(cleanup) => {
+                    warn_claim(
+                        &ctx,
+                        live,
+                        events::PROVISIONING_CLEANUP_FAILED,
+                        format!(
+                            "Error cleaning provisioned volume for claim {}/{}: {cleanup}. Please delete manually.",
+                            live.namespace().unwrap_or_default(),
+                            live.name_any()
+                        ),
+                    )
+                    .await;
+                    Err(ClaimError::Cleanup {
+                        pv: pv_name,
+                        source: cleanup,
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// Maps the guest's typed refusal to what the controller does.
+async fn guest_declined(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    guest: String,
+    error: ProvisionError,
+) -> Result<Action, ClaimError> {
+    match error {
+        ProvisionError::Ignored(reason) => {
+            tracing::debug!(%guest, %reason, "guest ignored the claim");
+            set_finalizer(ctx, pvc, false).await?;
+            Ok(Action::await_change())
+        }
+        ProvisionError::Transient(message) => Err(ClaimError::Transient(message)),
+        ProvisionError::InBackground(message) => Err(ClaimError::InBackground(message)),
+        ProvisionError::Reschedule(message) => {
+            warn_claim(
+                ctx,
+                pvc,
+                events::PROVISIONING_FAILED,
+                format!("guest {guest} asks to reschedule: {message}"),
+            )
+            .await;
+            if decide::selected_node(pvc).is_some() {
+                let claims: Api<PersistentVolumeClaim> =
+                    Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default());
+                let patch = json!({
+                    "metadata": {
+                        "resourceVersion": pvc.metadata.resource_version,
+                        "annotations": {
+                            decide::ANN_SELECTED_NODE: null,
+                            decide::ANN_ALPHA_SELECTED_NODE: null,
+                        },
+                        "finalizers": finalizers_without(pvc),
+                    }
+                });
+                ctx.api_budget().await;
+                claims
+                    .patch(
+                        &pvc.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await?;
+            } else {
+                set_finalizer(ctx, pvc, false).await?;
+            }
+            Ok(Action::await_change())
+        }
+        ProvisionError::Final(message) => {
+            let error = CallError::Guest {
+                guest,
+                error: ProvisionError::Final(message),
+            };
+            warn_claim(ctx, pvc, events::PROVISIONING_FAILED, error.to_string()).await;
+            Err(ClaimError::Guest(error))
+        }
+    }
+}
+
+/// A claim with our finalizer is being deleted: make sure no storage outlives it.
+async fn finish_deleted_claim(
+    pvc: &PersistentVolumeClaim,
+    ctx: &Context,
+) -> Result<Action, ClaimError> {
+    if !has_finalizer(&pvc.metadata.finalizers, FINALIZER_CLAIM) {
+        return Ok(Action::await_change());
+    }
+    let pv_name = decide::pv_name(pvc).ok_or(ClaimError::NoUid)?;
+    let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    ctx.api_budget().await;
+    if pvs.get_opt(&pv_name).await?.is_some() {
+        // The PV exists: its reclaim policy now decides what happens to the storage.
+        set_finalizer(ctx, pvc, false).await?;
+        return Ok(Action::await_change());
+    }
+    let plugins = ctx.plugins();
+    let provisioner = decide::claim_provisioner(pvc)
+        .unwrap_or_default()
+        .to_string();
+    let class_name = decide::claim_class(pvc).unwrap_or_default().to_string();
+    let (Some(guest), Some(class)) = (
+        plugins.for_provisioner(&provisioner).cloned(),
+        ctx.class(&class_name),
+    ) else {
+        let error = ClaimError::ClassNotFound(format!(
+            "{class_name} (needed to clean up storage of the deleted claim; guest for {provisioner:?} loaded: {})",
+            plugins.serves(&provisioner)
+        ));
+        warn_claim(
+            ctx,
+            pvc,
+            events::PROVISIONING_CLEANUP_FAILED,
+            error.to_string(),
+        )
+        .await;
+        return Err(error);
+    };
+    // Provision is idempotent: asking again yields the description of whatever storage an
+    // interrupted attempt created, which is what delete needs.
+    let request = provision_request(pvc, &class, &guest, &pv_name)?;
+    match guest.provision(&request).await {
+        Ok(built) => {
+            let pv = convert::persistent_volume(
+                &PvIdentity {
+                    name: &pv_name,
+                    claim: pvc,
+                    class: &class,
+                    class_name: &class_name,
+                },
+                &built,
+            );
+            delete_storage(ctx, &guest, &pv, Some(&class))
+                .await
+                .map_err(|source| ClaimError::Cleanup {
+                    pv: pv_name.clone(),
+                    source,
+                })?;
+            tracing::info!(pv = %pv_name, "deleted storage of a claim deleted mid-provision");
+        }
+        Err(CallError::Guest {
+            error: ProvisionError::Transient(m) | ProvisionError::InBackground(m),
+            ..
+        }) => return Err(ClaimError::Transient(m)),
+        Err(error @ CallError::Fault { .. }) => return Err(ClaimError::Guest(error)),
+        Err(error) => {
+            // The guest refuses the claim outright, so it holds no storage for it.
+            tracing::info!(%error, "guest holds no storage for the deleted claim");
+        }
+    }
+    set_finalizer(ctx, pvc, false).await?;
+    publish(
+        &ctx.recorder,
+        &pvc.object_ref(&()),
+        false,
+        events::PROVISIONING_ABANDONED,
+        "Provision",
+        format!(
+            "Claim was deleted before its volume was created; storage for {pv_name} was cleaned up"
+        ),
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+fn provision_request(
+    pvc: &PersistentVolumeClaim,
+    class: &StorageClass,
+    guest: &Guest,
+    pv_name: &str,
+) -> Result<ProvisionRequest, ClaimError> {
+    Ok(ProvisionRequest {
+        pv_name: pv_name.to_string(),
+        claim: convert::claim(pvc)?,
+        storage_class: convert::storage_class(class),
+        selected_node: decide::selected_node(pvc).map(str::to_string),
+        config: guest.grants().config_json.clone(),
+    })
+}
+
+/// Removes our finalizer when the claim's PV already exists (e.g. after a crash right after create).
+async fn release_if_pv_exists(
+    pvc: &PersistentVolumeClaim,
+    ctx: &Context,
+) -> Result<(), ClaimError> {
+    if !has_finalizer(&pvc.metadata.finalizers, FINALIZER_CLAIM) {
+        return Ok(());
+    }
+    let Some(pv_name) = decide::pv_name(pvc) else {
+        return Ok(());
+    };
+    let exists = ctx.volumes.get(&ObjectRef::new(&pv_name)).is_some() || {
+        ctx.api_budget().await;
+        Api::<PersistentVolume>::all(ctx.client.clone())
+            .get_opt(&pv_name)
+            .await?
+            .is_some()
+    };
+    if exists {
+        set_finalizer(ctx, pvc, false).await?;
+    }
+    Ok(())
+}
+
+fn finalizers_without(pvc: &PersistentVolumeClaim) -> Vec<String> {
+    pvc.metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .filter(|f| *f != FINALIZER_CLAIM)
+        .cloned()
+        .collect()
+}
+
+/// Adds or removes our finalizer, with optimistic concurrency; returns the updated claim.
+async fn set_finalizer(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    present: bool,
+) -> Result<PersistentVolumeClaim, ClaimError> {
+    let claims: Api<PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default());
+    let mut current = pvc.clone();
+    for attempt in 0..5 {
+        if has_finalizer(&current.metadata.finalizers, FINALIZER_CLAIM) == present {
+            return Ok(current);
+        }
+        let mut finalizers = finalizers_without(&current);
+        if present {
+            finalizers.push(FINALIZER_CLAIM.to_string());
+        }
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": current.metadata.resource_version,
+                "finalizers": finalizers,
+            }
+        });
+        ctx.api_budget().await;
+        match claims
+            .patch(
+                &current.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(updated) => return Ok(updated),
+            Err(kube::Error::Api(status)) if status.is_not_found() && !present => {
+                return Ok(current);
+            }
+            Err(kube::Error::Api(status)) if status.is_conflict() && attempt < 4 => {
+                ctx.api_budget().await;
+                match claims.get_opt(&current.name_any()).await? {
+                    Some(fresh) if fresh.metadata.uid == current.metadata.uid => current = fresh,
+                    _ if !present => return Ok(current),
+                    _ => return Err(kube::Error::Api(status).into()),
+                }
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    unreachable!("the loop returns on its last attempt")
+}
+
+/// Creates the PV, retrying `--create-pv-retry-count` times; AlreadyExists is success.
+async fn create_pv(ctx: &Context, pv: &PersistentVolume) -> Result<(), kube::Error> {
+    let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let attempts = ctx.settings.create_pv_retry_count.max(1);
+    let mut last = None;
+    for attempt in 1..=attempts {
+        ctx.api_budget().await;
+        match pvs.create(&PostParams::default(), pv).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.is_already_exists() => return Ok(()),
+            Err(error) => {
+                tracing::warn!(%error, attempt, attempts, pv = pv.metadata.name.as_deref(), "creating PV failed");
+                last = Some(error);
+                if attempt < attempts {
+                    tokio::time::sleep(ctx.settings.create_pv_retry_interval).await;
+                }
+            }
+        }
+    }
+    Err(last.expect("at least one attempt"))
+}
+
+fn delete_request(
+    guest: &Guest,
+    pv: &PersistentVolume,
+    class: Option<&StorageClass>,
+) -> Result<DeleteRequest, CallError> {
+    let volume = convert::volume(pv).map_err(|e| CallError::Rejected {
+        guest: guest.name().to_string(),
+        message: e.to_string(),
+    })?;
+    Ok(DeleteRequest {
+        volume,
+        storage_class: class.map(convert::storage_class),
+        config: guest.grants().config_json.clone(),
+    })
+}
+
+async fn delete_storage(
+    ctx: &Context,
+    guest: &Guest,
+    pv: &PersistentVolume,
+    class: Option<&StorageClass>,
+) -> Result<(), CallError> {
+    let _ = ctx;
+    let request = delete_request(guest, pv, class)?;
+    match guest.delete(&request).await {
+        Err(CallError::Guest {
+            error: ProvisionError::Ignored(_),
+            ..
+        }) => Ok(()),
+        other => other,
+    }
+}
+
+async fn delete_storage_with_retries(
+    ctx: &Context,
+    guest: &Guest,
+    pv: &PersistentVolume,
+    class: Option<&StorageClass>,
+) -> Result<(), CallError> {
+    let attempts = ctx.settings.create_pv_retry_count.max(1);
+    let mut attempt = 1;
+    loop {
+        match delete_storage(ctx, guest, pv, class).await {
+            Ok(()) => return Ok(()),
+            Err(error) if attempt >= attempts => return Err(error),
+            Err(error) => {
+                tracing::warn!(%error, attempt, attempts, "deleting storage of an unsaved PV failed");
+                attempt += 1;
+                tokio::time::sleep(ctx.settings.create_pv_retry_interval).await;
+            }
+        }
+    }
+}
+
+async fn warn_claim(ctx: &Context, pvc: &PersistentVolumeClaim, reason: &str, note: String) {
+    publish(
+        &ctx.recorder,
+        &pvc.object_ref(&()),
+        true,
+        reason,
+        "Provision",
+        note,
+    )
+    .await;
+}

@@ -1,0 +1,492 @@
+//! Pure decisions: is this claim ours to provision, is this volume ours to delete, has a key failed
+//! too often, how long to back off. Plain data in, plain answers out; no I/O.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+
+/// The GA storage-provisioner annotation the PV controller sets on claims (Kubernetes 1.23+).
+pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
+/// The beta annotation, the only one Kubernetes up to 1.22 sets.
+pub const ANN_BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
+/// The node the scheduler picked for a WaitForFirstConsumer claim.
+pub const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+/// The pre-1.12 selected-node key, read only as a fallback.
+pub const ANN_ALPHA_SELECTED_NODE: &str = "volume.alpha.kubernetes.io/selected-node";
+/// The beta class annotation, which wins over `spec.storageClassName`.
+pub const ANN_BETA_STORAGE_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
+/// Names the provisioner that created a PV.
+pub const ANN_PROVISIONED_BY: &str = crate::wasm::convert::ANN_PROVISIONED_BY;
+/// The PV finalizer of the Go library's `AddFinalizer` mode.
+pub const FINALIZER_PV: &str = "external-provisioner.volume.kubernetes.io/finalizer";
+/// Our claim finalizer: set before a guest is called, removed once the PV exists or the asset is
+/// gone, so neither a deleted claim nor a crash between guest call and PV create leaks storage.
+pub const FINALIZER_CLAIM: &str = "wasm-provisioner.dev/provisioning";
+
+/// A non-empty annotation value.
+fn annotation<'a>(annotations: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {
+    annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+        .filter(|v| !v.is_empty())
+}
+
+/// The provisioner a claim asks for: GA annotation first, beta as fallback.
+pub fn claim_provisioner(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    let anns = &pvc.metadata.annotations;
+    annotation(anns, ANN_STORAGE_PROVISIONER)
+        .or_else(|| annotation(anns, ANN_BETA_STORAGE_PROVISIONER))
+        .filter(|p| !p.is_empty())
+}
+
+/// The class a claim names: the beta annotation wins over `spec.storageClassName`.
+pub fn claim_class(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    annotation(&pvc.metadata.annotations, ANN_BETA_STORAGE_CLASS)
+        .or_else(|| pvc.spec.as_ref()?.storage_class_name.as_deref())
+        .filter(|c| !c.is_empty())
+}
+
+/// The selected node, GA key first, alpha as fallback.
+pub fn selected_node(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    let anns = &pvc.metadata.annotations;
+    annotation(anns, ANN_SELECTED_NODE)
+        .or_else(|| annotation(anns, ANN_ALPHA_SELECTED_NODE))
+        .filter(|n| !n.is_empty())
+}
+
+/// The provisioner that created a PV (`pv.kubernetes.io/provisioned-by`).
+pub fn claim_provisioner_of_volume(pv: &PersistentVolume) -> Option<&str> {
+    annotation(&pv.metadata.annotations, ANN_PROVISIONED_BY)
+}
+
+/// The deterministic PV name for a claim.
+pub fn pv_name(pvc: &PersistentVolumeClaim) -> Option<String> {
+    pvc.metadata.uid.as_ref().map(|uid| format!("pvc-{uid}"))
+}
+
+/// Whether the claim wants a raw block volume.
+pub fn wants_block(pvc: &PersistentVolumeClaim) -> bool {
+    pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block")
+}
+
+/// Whether an object carries a finalizer.
+pub fn has_finalizer(finalizers: &Option<Vec<String>>, finalizer: &str) -> bool {
+    finalizers.iter().flatten().any(|f| f == finalizer)
+}
+
+/// What to do with a claim, before any guest hook is asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimDecision<'a> {
+    /// Not ours, already bound, or not ready: leave it alone.
+    Skip(&'static str),
+    /// Ours, but its class is not (yet) known: retry with backoff and say so.
+    ClassMissing(&'a str),
+    /// Ours and ready: provision with this class.
+    Provision {
+        /// The provisioner name the claim asks for.
+        provisioner: &'a str,
+        /// The class name.
+        class: &'a str,
+    },
+}
+
+/// Should this claim be provisioned? The library's `shouldProvision`, minus the guest hook.
+/// `served` says whether a provisioner name has a loaded guest; `class` is the cached class the
+/// claim names ([`claim_class`]), if it exists.
+pub fn should_provision<'a>(
+    pvc: &'a PersistentVolumeClaim,
+    served: impl Fn(&str) -> bool,
+    class: Option<&StorageClass>,
+) -> ClaimDecision<'a> {
+    if pvc.metadata.deletion_timestamp.is_some() {
+        return ClaimDecision::Skip("claim is being deleted");
+    }
+    if pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .is_some_and(|v| !v.is_empty())
+    {
+        return ClaimDecision::Skip("claim already names a volume");
+    }
+    let Some(provisioner) = claim_provisioner(pvc) else {
+        return ClaimDecision::Skip("no storage-provisioner annotation");
+    };
+    if !served(provisioner) {
+        return ClaimDecision::Skip("provisioner not served here");
+    }
+    let Some(class_name) = claim_class(pvc) else {
+        return ClaimDecision::Skip("claim names no class");
+    };
+    let Some(class) = class else {
+        return ClaimDecision::ClassMissing(class_name);
+    };
+    if class.provisioner != provisioner {
+        return ClaimDecision::Skip("class names another provisioner");
+    }
+    if class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer")
+        && selected_node(pvc).is_none()
+    {
+        return ClaimDecision::Skip("waiting for first consumer");
+    }
+    ClaimDecision::Provision {
+        provisioner,
+        class: class_name,
+    }
+}
+
+/// Should this PV's storage be deleted? The library's `shouldDelete`, minus the guest hook.
+/// Returns the provisioner name that owns it when the answer is yes.
+pub fn should_delete(
+    pv: &PersistentVolume,
+    served: impl Fn(&str) -> bool,
+    finalizer_mode: bool,
+) -> Option<&str> {
+    let provisioner = annotation(&pv.metadata.annotations, ANN_PROVISIONED_BY)?;
+    if !served(provisioner) {
+        return None;
+    }
+    if pv.metadata.deletion_timestamp.is_some() {
+        // In finalizer mode a PV being deleted still needs its storage removed while our
+        // finalizer holds it; otherwise someone else is deleting it.
+        if !(finalizer_mode && has_finalizer(&pv.metadata.finalizers, FINALIZER_PV)) {
+            return None;
+        }
+    }
+    let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
+    let policy = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.persistent_volume_reclaim_policy.as_deref());
+    let releasable =
+        phase == Some("Released") || (finalizer_mode && pv.metadata.deletion_timestamp.is_some());
+    (releasable && policy == Some("Delete")).then_some(provisioner)
+}
+
+/// Should our PV finalizer be added (`Some(true)`) or removed (`Some(false)`)? As the library:
+/// add to bound `Delete` volumes in finalizer mode; remove outside it or for other policies.
+pub fn pv_finalizer_change(pv: &PersistentVolume, finalizer_mode: bool) -> Option<bool> {
+    let has = has_finalizer(&pv.metadata.finalizers, FINALIZER_PV);
+    let policy = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.persistent_volume_reclaim_policy.as_deref());
+    let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
+    let add = finalizer_mode
+        && !has
+        && policy == Some("Delete")
+        && pv.metadata.deletion_timestamp.is_none()
+        && phase == Some("Bound");
+    let remove = has && (!finalizer_mode || policy != Some("Delete"));
+    if add {
+        Some(true)
+    } else if remove {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// Exponential backoff: `start` doubled per earlier failure, capped at `max`.
+pub fn backoff(failures: u32, start: Duration, max: Duration) -> Duration {
+    let shift = failures.saturating_sub(1).min(30);
+    start.saturating_mul(1u32 << shift).min(max)
+}
+
+/// Whether a key with this many failures is given up (threshold 0 = never).
+pub fn exceeded_threshold(failures: u32, threshold: u32) -> bool {
+    threshold > 0 && failures >= threshold
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        PersistentVolumeClaimSpec, PersistentVolumeSpec, PersistentVolumeStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    const P: &str = "example.com/p";
+
+    struct ClaimBuilder(PersistentVolumeClaim);
+
+    fn claim(name: &str) -> ClaimBuilder {
+        ClaimBuilder(PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                uid: Some(format!("uid-{name}")),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeClaimSpec::default()),
+            status: None,
+        })
+    }
+
+    impl ClaimBuilder {
+        fn ann(mut self, k: &str, v: &str) -> Self {
+            self.0
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(k.into(), v.into());
+            self
+        }
+        fn provisioner(self, p: &str) -> Self {
+            self.ann(ANN_BETA_STORAGE_PROVISIONER, p)
+        }
+        fn class(mut self, c: &str) -> Self {
+            self.0.spec.as_mut().unwrap().storage_class_name = Some(c.into());
+            self
+        }
+        fn bound_to(mut self, v: &str) -> Self {
+            self.0.spec.as_mut().unwrap().volume_name = Some(v.into());
+            self
+        }
+        fn deleting(mut self) -> Self {
+            self.0.metadata.deletion_timestamp = Some(Time(Default::default()));
+            self
+        }
+    }
+
+    fn class(name: &str, provisioner: &str, wffc: bool) -> StorageClass {
+        StorageClass {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            provisioner: provisioner.into(),
+            volume_binding_mode: wffc.then(|| "WaitForFirstConsumer".into()),
+            ..Default::default()
+        }
+    }
+
+    fn decide<'a>(
+        pvc: &'a PersistentVolumeClaim,
+        classes: &'a [StorageClass],
+    ) -> ClaimDecision<'a> {
+        let class = claim_class(pvc).and_then(|n| {
+            classes
+                .iter()
+                .find(|c| c.metadata.name.as_deref() == Some(n))
+        });
+        should_provision(pvc, |p| p == P, class)
+    }
+
+    #[test]
+    fn should_provision_table() {
+        let fast = class("fast", P, false);
+        let wffc = class("local", P, true);
+        let other = class("other", "someone/else", false);
+        let classes = [fast, wffc, other];
+        let provision = |c| ClaimDecision::Provision {
+            provisioner: P,
+            class: c,
+        };
+        let cases: Vec<(&str, PersistentVolumeClaim, ClaimDecision)> = vec![
+            (
+                "beta annotation",
+                claim("a").provisioner(P).class("fast").0,
+                provision("fast"),
+            ),
+            (
+                "GA annotation",
+                claim("a").ann(ANN_STORAGE_PROVISIONER, P).class("fast").0,
+                provision("fast"),
+            ),
+            (
+                "GA wins over beta",
+                claim("a")
+                    .ann(ANN_STORAGE_PROVISIONER, P)
+                    .ann(ANN_BETA_STORAGE_PROVISIONER, "x/y")
+                    .class("fast")
+                    .0,
+                provision("fast"),
+            ),
+            (
+                "no annotation",
+                claim("a").class("fast").0,
+                ClaimDecision::Skip("no storage-provisioner annotation"),
+            ),
+            (
+                "other provisioner",
+                claim("a").provisioner("x/y").class("fast").0,
+                ClaimDecision::Skip("provisioner not served here"),
+            ),
+            (
+                "bound",
+                claim("a").provisioner(P).class("fast").bound_to("pv1").0,
+                ClaimDecision::Skip("claim already names a volume"),
+            ),
+            (
+                "deleting",
+                claim("a").provisioner(P).class("fast").deleting().0,
+                ClaimDecision::Skip("claim is being deleted"),
+            ),
+            (
+                "class missing",
+                claim("a").provisioner(P).class("nope").0,
+                ClaimDecision::ClassMissing("nope"),
+            ),
+            (
+                "beta class annotation wins",
+                claim("a")
+                    .provisioner(P)
+                    .class("nope")
+                    .ann(ANN_BETA_STORAGE_CLASS, "fast")
+                    .0,
+                provision("fast"),
+            ),
+            (
+                "no class",
+                claim("a").provisioner(P).0,
+                ClaimDecision::Skip("claim names no class"),
+            ),
+            (
+                "class of another provisioner",
+                claim("a").provisioner(P).class("other").0,
+                ClaimDecision::Skip("class names another provisioner"),
+            ),
+            (
+                "wffc without node",
+                claim("a").provisioner(P).class("local").0,
+                ClaimDecision::Skip("waiting for first consumer"),
+            ),
+            (
+                "wffc with node",
+                claim("a")
+                    .provisioner(P)
+                    .class("local")
+                    .ann(ANN_SELECTED_NODE, "n1")
+                    .0,
+                provision("local"),
+            ),
+            (
+                "wffc with alpha node",
+                claim("a")
+                    .provisioner(P)
+                    .class("local")
+                    .ann(ANN_ALPHA_SELECTED_NODE, "n1")
+                    .0,
+                provision("local"),
+            ),
+        ];
+        for (what, pvc, want) in &cases {
+            assert_eq!(&decide(pvc, &classes), want, "{what}");
+        }
+    }
+
+    fn pv(phase: &str, policy: &str, by: Option<&str>) -> PersistentVolume {
+        PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some("pvc-1".into()),
+                annotations: by.map(|b| [(ANN_PROVISIONED_BY.to_string(), b.to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeSpec {
+                persistent_volume_reclaim_policy: Some(policy.into()),
+                ..Default::default()
+            }),
+            status: Some(PersistentVolumeStatus {
+                phase: Some(phase.into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn should_delete_table() {
+        let served = |p: &str| p == P;
+        let cases = [
+            (
+                "released delete ours",
+                pv("Released", "Delete", Some(P)),
+                false,
+                Some(P),
+            ),
+            ("bound", pv("Bound", "Delete", Some(P)), false, None),
+            ("retain", pv("Released", "Retain", Some(P)), false, None),
+            (
+                "not ours",
+                pv("Released", "Delete", Some("x/y")),
+                false,
+                None,
+            ),
+            ("static", pv("Released", "Delete", None), false, None),
+            ("failed phase", pv("Failed", "Delete", Some(P)), false, None),
+        ];
+        for (what, volume, mode, want) in &cases {
+            assert_eq!(should_delete(volume, served, *mode), *want, "{what}");
+        }
+        let mut deleting = pv("Released", "Delete", Some(P));
+        deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
+        assert_eq!(
+            should_delete(&deleting, served, false),
+            None,
+            "being deleted, no finalizer mode"
+        );
+        deleting.metadata.finalizers = Some(vec![FINALIZER_PV.into()]);
+        assert_eq!(
+            should_delete(&deleting, served, true),
+            Some(P),
+            "finalizer mode holds it"
+        );
+        deleting.metadata.finalizers = None;
+        assert_eq!(
+            should_delete(&deleting, served, true),
+            None,
+            "finalizer already gone"
+        );
+    }
+
+    #[test]
+    fn pv_finalizer_changes() {
+        let bound = pv("Bound", "Delete", Some(P));
+        assert_eq!(pv_finalizer_change(&bound, true), Some(true));
+        assert_eq!(pv_finalizer_change(&bound, false), None);
+        let mut with = bound.clone();
+        with.metadata.finalizers = Some(vec![FINALIZER_PV.into()]);
+        assert_eq!(pv_finalizer_change(&with, false), Some(false));
+        assert_eq!(pv_finalizer_change(&with, true), None);
+        let mut retain = with.clone();
+        retain
+            .spec
+            .as_mut()
+            .unwrap()
+            .persistent_volume_reclaim_policy = Some("Retain".into());
+        assert_eq!(pv_finalizer_change(&retain, true), Some(false));
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let s = Duration::from_secs(15);
+        let m = Duration::from_secs(1000);
+        assert_eq!(backoff(1, s, m), s);
+        assert_eq!(backoff(2, s, m), Duration::from_secs(30));
+        assert_eq!(backoff(7, s, m), Duration::from_secs(960));
+        assert_eq!(backoff(8, s, m), m);
+        assert_eq!(backoff(200, s, m), m);
+        assert_eq!(backoff(0, s, m), s);
+    }
+
+    #[test]
+    fn thresholds() {
+        assert!(!exceeded_threshold(14, 15));
+        assert!(exceeded_threshold(15, 15));
+        assert!(!exceeded_threshold(10_000, 0));
+    }
+
+    #[test]
+    fn names_and_fallbacks() {
+        let c = claim("a")
+            .ann(ANN_SELECTED_NODE, "")
+            .ann(ANN_ALPHA_SELECTED_NODE, "n2")
+            .0;
+        assert_eq!(selected_node(&c), Some("n2"));
+        assert_eq!(pv_name(&c).as_deref(), Some("pvc-uid-a"));
+        assert!(!wants_block(&c));
+    }
+}

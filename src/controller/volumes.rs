@@ -1,0 +1,280 @@
+//! The delete path: one reconcile per PV, from "released and ours?" to storage and PV gone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{Instrument, info_span};
+
+use super::Context;
+use super::decide::{self, FINALIZER_PV, has_finalizer};
+use super::events::{self, publish};
+use super::failures::fingerprint;
+use crate::wasm::CallError;
+use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
+use crate::wasm::convert::{self, ConvertError};
+
+/// Why a volume reconcile did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    /// The guest could not delete the storage.
+    #[error(transparent)]
+    Guest(CallError),
+    /// The guest asked to be retried.
+    #[error("{0}")]
+    Transient(String),
+    /// The PV cannot be expressed in the contract.
+    #[error(transparent)]
+    Convert(#[from] ConvertError),
+    /// An API request failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The whole operation ran past `--delete-timeout`.
+    #[error("deleting did not finish within {0:?}")]
+    Timeout(Duration),
+}
+
+impl VolumeError {
+    /// Whether this failure counts toward `--failed-delete-threshold`.
+    pub fn counts(&self) -> bool {
+        !matches!(self, VolumeError::Transient(_))
+    }
+
+    /// Short label for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            VolumeError::Guest(CallError::Fault { kind, .. }) => kind.as_str(),
+            VolumeError::Guest(_) => "final",
+            VolumeError::Transient(_) => "transient",
+            VolumeError::Convert(_) => "invalid-volume",
+            VolumeError::Kube(_) => "api",
+            VolumeError::Timeout(_) => "timeout",
+        }
+    }
+}
+
+fn volume_fingerprint(pv: &PersistentVolume) -> u64 {
+    fingerprint(&pv.spec)
+}
+
+/// Reconciles one PV: bookkeeping around [`delete`].
+pub async fn reconcile(
+    pv: Arc<PersistentVolume>,
+    ctx: Arc<Context>,
+) -> Result<Action, VolumeError> {
+    let name = pv.name_any();
+    let fp = volume_fingerprint(&pv);
+    if ctx
+        .volume_failures
+        .lock()
+        .expect("lock")
+        .is_given_up(&name, fp)
+    {
+        return Ok(Action::await_change());
+    }
+    let span = info_span!("volume", pv = %name);
+    let timeout = ctx.settings.delete_timeout;
+    let outcome = match tokio::time::timeout(
+        timeout,
+        delete(pv.clone(), ctx.clone()).instrument(span.clone()),
+    )
+    .await
+    {
+        Ok(outcome) => outcome,
+        Err(_) => Err(VolumeError::Timeout(timeout)),
+    };
+    if let Err(error) = &outcome {
+        let _entered = span.enter();
+        tracing::warn!(%error, kind = error.label(), "deleting volume failed");
+        if error.counts() {
+            let threshold = ctx.settings.failed_delete_threshold;
+            let failures = ctx
+                .volume_failures
+                .lock()
+                .expect("lock")
+                .record_failure(&name, fp);
+            if decide::exceeded_threshold(failures, threshold) {
+                ctx.volume_failures.lock().expect("lock").give_up(&name, fp);
+                publish(
+                    &ctx.recorder,
+                    &pv.object_ref(&()),
+                    true,
+                    events::DELETE_GIVEN_UP,
+                    "Delete",
+                    format!("Giving up after {failures} failed attempts (threshold {threshold}); the last error was: {error}. Change the volume or restart the provisioner to retry."),
+                )
+                .await;
+            }
+        }
+    }
+    outcome
+}
+
+/// Requeue policy for volumes.
+pub fn error_policy(pv: Arc<PersistentVolume>, error: &VolumeError, ctx: Arc<Context>) -> Action {
+    let settings = &ctx.settings;
+    let mut book = ctx.volume_failures.lock().expect("lock");
+    let name = pv.name_any();
+    let fp = volume_fingerprint(&pv);
+    if book.is_given_up(&name, fp) {
+        return Action::await_change();
+    }
+    if !error.counts() {
+        return Action::requeue(settings.retry_interval_start);
+    }
+    Action::requeue(decide::backoff(
+        book.failures(&name, fp),
+        settings.retry_interval_start,
+        settings.retry_interval_max,
+    ))
+}
+
+async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, VolumeError> {
+    let plugins = ctx.plugins();
+    let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let name = pv.name_any();
+    let ours = decide::claim_provisioner_of_volume(&pv).is_some_and(|p| plugins.serves(p));
+    if ours {
+        if let Some(add) = decide::pv_finalizer_change(&pv, ctx.settings.add_pv_finalizer) {
+            set_pv_finalizer(&ctx, &pvs, &pv, add).await?;
+            return Ok(Action::await_change());
+        }
+    }
+    let Some(provisioner) =
+        decide::should_delete(&pv, |p| plugins.serves(p), ctx.settings.add_pv_finalizer)
+    else {
+        return Ok(Action::await_change());
+    };
+    let guest = plugins
+        .for_provisioner(provisioner)
+        .expect("served")
+        .clone();
+    let volume = convert::volume(&pv)?;
+    if !guest
+        .should_delete(&volume)
+        .await
+        .map_err(VolumeError::Guest)?
+    {
+        tracing::debug!("guest's deletion guard kept the volume");
+        return Ok(Action::await_change());
+    }
+    // Re-read from the API server: the cache may be behind (the PV rebound, already deleted).
+    ctx.api_budget().await;
+    let Some(live) = pvs.get_opt(&name).await? else {
+        return Ok(Action::await_change());
+    };
+    if live.metadata.uid != pv.metadata.uid
+        || decide::should_delete(&live, |p| plugins.serves(p), ctx.settings.add_pv_finalizer)
+            .is_none()
+    {
+        return Ok(Action::await_change());
+    }
+    let class_name = live
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.clone())
+        .unwrap_or_default();
+    let request = DeleteRequest {
+        volume: convert::volume(&live)?,
+        storage_class: ctx.class(&class_name).map(|c| convert::storage_class(&c)),
+        config: guest.grants().config_json.clone(),
+    };
+    match guest.delete(&request).await {
+        Ok(()) => {}
+        Err(CallError::Guest {
+            error: ProvisionError::Ignored(reason),
+            ..
+        }) => {
+            tracing::debug!(%reason, "guest ignored the volume");
+            return Ok(Action::await_change());
+        }
+        Err(CallError::Guest {
+            error: ProvisionError::Transient(m) | ProvisionError::InBackground(m),
+            ..
+        }) => return Err(VolumeError::Transient(m)),
+        Err(error) => {
+            publish(
+                &ctx.recorder,
+                &live.object_ref(&()),
+                true,
+                events::VOLUME_FAILED_DELETE,
+                "Delete",
+                error.to_string(),
+            )
+            .await;
+            return Err(VolumeError::Guest(error));
+        }
+    }
+    ctx.api_budget().await;
+    match pvs
+        .delete(&name, &DeleteParams::default().preconditions_uid(&live))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.is_not_found() => {}
+        Err(error) => return Err(error.into()),
+    }
+    if ctx.settings.add_pv_finalizer && has_finalizer(&live.metadata.finalizers, FINALIZER_PV) {
+        ctx.api_budget().await;
+        if let Some(current) = pvs.get_opt(&name).await? {
+            set_pv_finalizer(&ctx, &pvs, &current, false).await?;
+        }
+    }
+    ctx.volume_failures.lock().expect("lock").forget(&name);
+    tracing::info!(guest = guest.name(), "volume deleted");
+    Ok(Action::await_change())
+}
+
+trait PreconditionsUid {
+    fn preconditions_uid(self, pv: &PersistentVolume) -> Self;
+}
+
+impl PreconditionsUid for DeleteParams {
+    /// Deletes only the PV we looked at, never a namesake created since.
+    fn preconditions_uid(mut self, pv: &PersistentVolume) -> Self {
+        self.preconditions = Some(kube::api::Preconditions {
+            uid: pv.metadata.uid.clone(),
+            resource_version: None,
+        });
+        self
+    }
+}
+
+async fn set_pv_finalizer(
+    ctx: &Context,
+    pvs: &Api<PersistentVolume>,
+    pv: &PersistentVolume,
+    present: bool,
+) -> Result<(), VolumeError> {
+    let mut finalizers: Vec<String> = pv
+        .metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .filter(|f| *f != FINALIZER_PV)
+        .cloned()
+        .collect();
+    if present {
+        finalizers.push(FINALIZER_PV.to_string());
+    }
+    let patch = json!({
+        "metadata": { "resourceVersion": pv.metadata.resource_version, "finalizers": finalizers }
+    });
+    ctx.api_budget().await;
+    match pvs
+        .patch(
+            &pv.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}

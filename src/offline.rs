@@ -1,0 +1,223 @@
+//! Offline commands for guest authors and operators: `inspect`, `provision`, `delete`.
+//!
+//! They run guests exactly as the controller does (same grants, limits and validation) on YAML
+//! files, without a cluster.
+
+use std::path::Path;
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+
+use crate::controller::decide;
+use crate::wasm::bindings::types::{DeleteRequest, ProvisionRequest};
+use crate::wasm::contract::ContractInfo;
+use crate::wasm::convert::{self, PvIdentity};
+use crate::wasm::runtime::hook_names;
+use crate::wasm::{Grants, Plugins, WasmEngine, load_dir};
+
+/// `inspect FILE`: prints what the guest implements; fails when this host cannot run it.
+pub fn inspect(file: &Path) -> anyhow::Result<String> {
+    let engine = WasmEngine::new()?;
+    let (component, sha256) = engine.compile(file)?;
+    let info = ContractInfo::of(engine.engine(), &component);
+    let mut out = String::new();
+    out.push_str(&format!(
+        "file:      {}\nsha256:    {sha256}\n",
+        file.display()
+    ));
+    out.push_str(&format!(
+        "contract:  {}\n",
+        info.version
+            .as_deref()
+            .map(|v| format!("{}@{v}", crate::wasm::bindings::PACKAGE))
+            .unwrap_or_else(|| "none (no lifecycle export)".into())
+    ));
+    let hooks = hook_names(&info.hooks);
+    out.push_str(&format!(
+        "hooks:     {}\n",
+        if hooks.is_empty() {
+            "none (defaults: provision every claim, delete every released volume, no block)"
+                .to_string()
+        } else {
+            hooks.join(", ")
+        }
+    ));
+    out.push_str("imports:\n");
+    for import in &info.imports {
+        out.push_str(&format!("  {import}\n"));
+    }
+    out.push_str(&format!(
+        "host serves: {}@{} (compatible: 0.1.x)\n",
+        crate::wasm::bindings::PACKAGE,
+        crate::wasm::bindings::PACKAGE_VERSION
+    ));
+    let grants = Grants::parse("provisioner = \"inspect\"", Path::new("."))?;
+    match engine.load("inspect", file, grants) {
+        Ok(_) => {
+            out.push_str("runnable:  yes\n");
+            Ok(out)
+        }
+        Err(error) => {
+            out.push_str(&format!("runnable:  no: {error}\n"));
+            bail!("{out}")
+        }
+    }
+}
+
+fn read_yaml<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> anyhow::Result<T> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read {what} {}", path.display()))?;
+    serde_yaml::from_str(&text)
+        .with_context(|| format!("{} is not a valid {what} manifest", path.display()))
+}
+
+fn load_plugins(dir: &Path) -> anyhow::Result<Plugins> {
+    let engine = WasmEngine::new()?;
+    let plugins = load_dir(&engine, dir)?;
+    for problem in &plugins.problems {
+        eprintln!("skipped {problem}");
+    }
+    Ok(plugins)
+}
+
+fn served_names(plugins: &Plugins) -> String {
+    let names: Vec<&str> = plugins.iter().map(|(n, _)| n.as_str()).collect();
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// `provision`: runs the guest serving the class and returns the PV YAML the controller would create.
+pub async fn provision(
+    plugins_dir: &Path,
+    class_path: &Path,
+    claim_path: &Path,
+    node: Option<&str>,
+) -> anyhow::Result<String> {
+    let class: StorageClass = read_yaml(class_path, "StorageClass")?;
+    let mut claim: PersistentVolumeClaim = read_yaml(claim_path, "PersistentVolumeClaim")?;
+    if claim.metadata.uid.is_none() {
+        claim.metadata.uid = Some(random_uid());
+    }
+    if claim.metadata.namespace.is_none() {
+        claim.metadata.namespace = Some("default".into());
+    }
+    let annotations = claim
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    annotations
+        .entry(decide::ANN_STORAGE_PROVISIONER.to_string())
+        .or_insert_with(|| class.provisioner.clone());
+    if let Some(node) = node {
+        annotations.insert(decide::ANN_SELECTED_NODE.to_string(), node.to_string());
+    }
+    let plugins = load_plugins(plugins_dir)?;
+    let guest = plugins
+        .for_provisioner(&class.provisioner)
+        .with_context(|| {
+            format!(
+                "no loaded guest serves provisioner {:?} (served: {})",
+                class.provisioner,
+                served_names(&plugins)
+            )
+        })?;
+    let class_name = class.metadata.name.clone().unwrap_or_default();
+    let pv_name = decide::pv_name(&claim).expect("uid set above");
+    let request = ProvisionRequest {
+        pv_name: pv_name.clone(),
+        claim: convert::claim(&claim)?,
+        storage_class: convert::storage_class(&class),
+        selected_node: decide::selected_node(&claim).map(str::to_string),
+        config: guest.grants().config_json.clone(),
+    };
+    if decide::wants_block(&claim) && !guest.supports_block().await? {
+        bail!(
+            "{} does not support block volume provisioning",
+            class.provisioner
+        );
+    }
+    if !guest
+        .should_provision(&request.claim, &request.storage_class)
+        .await?
+    {
+        bail!(
+            "guest {} declined the claim (its qualifier hook returned false)",
+            guest.name()
+        );
+    }
+    let built = guest.provision(&request).await?;
+    let pv = convert::persistent_volume(
+        &PvIdentity {
+            name: &pv_name,
+            claim: &claim,
+            class: &class,
+            class_name: &class_name,
+        },
+        &built,
+    );
+    let mut yaml = String::from("apiVersion: v1\nkind: PersistentVolume\n");
+    yaml.push_str(&serde_yaml::to_string(&pv)?);
+    Ok(yaml)
+}
+
+/// `delete`: runs the guest that provisioned the PV on it.
+pub async fn delete(
+    plugins_dir: &Path,
+    volume_path: &Path,
+    class_path: Option<&Path>,
+) -> anyhow::Result<String> {
+    let pv: PersistentVolume = read_yaml(volume_path, "PersistentVolume")?;
+    let class: Option<StorageClass> = class_path
+        .map(|p| read_yaml(p, "StorageClass"))
+        .transpose()?;
+    let provisioner = decide::claim_provisioner_of_volume(&pv)
+        .with_context(|| {
+            format!(
+                "the volume has no {} annotation",
+                decide::ANN_PROVISIONED_BY
+            )
+        })?
+        .to_string();
+    let plugins = load_plugins(plugins_dir)?;
+    let guest = plugins.for_provisioner(&provisioner).with_context(|| {
+        format!(
+            "no loaded guest serves provisioner {provisioner:?} (served: {})",
+            served_names(&plugins)
+        )
+    })?;
+    let volume = convert::volume(&pv)?;
+    if !guest.should_delete(&volume).await? {
+        bail!(
+            "guest {} keeps the volume (its deletion-guard hook returned false)",
+            guest.name()
+        );
+    }
+    let request = DeleteRequest {
+        volume,
+        storage_class: class.as_ref().map(convert::storage_class),
+        config: guest.grants().config_json.clone(),
+    };
+    guest.delete(&request).await?;
+    Ok(format!(
+        "deleted storage of {} with guest {}\n",
+        pv.metadata.name.unwrap_or_default(),
+        guest.name()
+    ))
+}
+
+fn random_uid() -> String {
+    let bytes: [u8; 16] = rand::random();
+    let hex = hex::encode(bytes);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}

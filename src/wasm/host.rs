@@ -1,0 +1,335 @@
+//! Per-call host state and the host functions guests import (`host`, `volume-builder`).
+//!
+//! One `GuestState` lives in one `Store` for one call; nothing here outlives the call.
+
+use std::sync::Arc;
+
+use wasmtime::component::{Resource, ResourceTable};
+use wasmtime::{ResourceLimiter, Result as WasmResult};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::types::{
+    AccessMode, CsiSource, HostPathType, LogLevel, NodeSelectorTerm, Pair, ReclaimPolicy,
+    SpecError, VolumeMode,
+};
+use super::bindings::{host, types, volume_builder};
+use super::grants::Grants;
+use super::spec::VolumeSpecBuilder;
+
+/// Bytes of log text one call may emit through `host.log`; the rest is dropped and counted.
+pub const LOG_BYTES_PER_CALL: usize = 64 * 1024;
+/// Volume-spec resources one call may create (each is host memory the guest does not pay for).
+pub const SPECS_PER_CALL: usize = 16;
+
+/// Caps linear memory, tables and instances of one store, and remembers whether a cap was hit
+/// so a failed call can be reported as "memory limit" rather than a generic trap.
+#[derive(Debug)]
+pub struct CallLimiter {
+    memory_bytes: usize,
+    /// Set when the guest tried to grow memory past its cap.
+    pub memory_hit: bool,
+}
+
+impl CallLimiter {
+    /// A limiter with the given per-memory cap.
+    pub fn new(memory_bytes: usize) -> Self {
+        CallLimiter {
+            memory_bytes,
+            memory_hit: false,
+        }
+    }
+}
+
+impl ResourceLimiter for CallLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> WasmResult<bool> {
+        if desired > self.memory_bytes {
+            self.memory_hit = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> WasmResult<bool> {
+        Ok(desired <= 100_000)
+    }
+
+    fn instances(&self) -> usize {
+        64
+    }
+
+    fn tables(&self) -> usize {
+        64
+    }
+
+    fn memories(&self) -> usize {
+        // A composed component may carry a few memories; each is capped on its own.
+        4
+    }
+}
+
+/// Everything a store holds for one call into one guest.
+pub struct GuestState {
+    guest: Arc<str>,
+    grants: Arc<Grants>,
+    wasi: WasiCtx,
+    table: ResourceTable,
+    /// Memory and table caps for this call.
+    pub limiter: CallLimiter,
+    log_bytes_left: usize,
+    /// Log messages dropped because the per-call budget ran out.
+    pub logs_dropped: u64,
+    specs_created: usize,
+}
+
+impl GuestState {
+    /// State for one call of `guest` under `grants`, with a prepared WASI context.
+    pub fn new(guest: Arc<str>, grants: Arc<Grants>, wasi: WasiCtx) -> Self {
+        let limiter = CallLimiter::new(grants.memory_bytes);
+        GuestState {
+            guest,
+            grants,
+            wasi,
+            table: ResourceTable::new(),
+            limiter,
+            log_bytes_left: LOG_BYTES_PER_CALL,
+            logs_dropped: 0,
+            specs_created: 0,
+        }
+    }
+
+    /// Takes a finished volume spec out of the resource table.
+    pub fn take_spec(
+        &mut self,
+        spec: Resource<VolumeSpecBuilder>,
+    ) -> WasmResult<VolumeSpecBuilder> {
+        Ok(self.table.delete(spec)?)
+    }
+
+    /// The grants this call runs under.
+    pub fn grants(&self) -> &Grants {
+        &self.grants
+    }
+
+    fn spec(&mut self, spec: &Resource<VolumeSpecBuilder>) -> WasmResult<&mut VolumeSpecBuilder> {
+        Ok(self.table.get_mut(spec)?)
+    }
+
+    /// Applies one setter to a spec, with the grants at hand.
+    fn with_spec<R>(
+        &mut self,
+        spec: &Resource<VolumeSpecBuilder>,
+        f: impl FnOnce(&mut VolumeSpecBuilder, &Grants) -> R,
+    ) -> WasmResult<R> {
+        let grants = self.grants.clone();
+        let builder = self.spec(spec)?;
+        Ok(f(builder, &grants))
+    }
+}
+
+impl WasiView for GuestState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl types::Host for GuestState {}
+
+impl host::Host for GuestState {
+    fn log(&mut self, level: LogLevel, message: String, fields: Vec<Pair>) -> WasmResult<()> {
+        let size = message.len()
+            + fields
+                .iter()
+                .map(|p| p.key.len() + p.value.len())
+                .sum::<usize>();
+        if size > self.log_bytes_left {
+            self.logs_dropped += 1;
+            if self.logs_dropped == 1 {
+                tracing::warn!(guest = %self.guest, "guest log budget of {LOG_BYTES_PER_CALL} bytes per call exhausted; dropping further messages");
+            }
+            return Ok(());
+        }
+        self.log_bytes_left -= size;
+        let fields = fields
+            .iter()
+            .map(|p| format!("{}={}", p.key, p.value))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let guest = &*self.guest;
+        match level {
+            LogLevel::Trace => tracing::trace!(target: "guest", guest, fields, "{message}"),
+            LogLevel::Debug => tracing::debug!(target: "guest", guest, fields, "{message}"),
+            LogLevel::Info => tracing::info!(target: "guest", guest, fields, "{message}"),
+            LogLevel::Warn => tracing::warn!(target: "guest", guest, fields, "{message}"),
+            LogLevel::Error => tracing::error!(target: "guest", guest, fields, "{message}"),
+        }
+        Ok(())
+    }
+
+    fn config(&mut self) -> WasmResult<String> {
+        Ok(self.grants.config_json.clone())
+    }
+}
+
+impl volume_builder::Host for GuestState {}
+
+type Spec = Resource<VolumeSpecBuilder>;
+type SpecResult = WasmResult<Result<(), SpecError>>;
+
+impl volume_builder::HostVolumeSpec for GuestState {
+    fn new(&mut self) -> WasmResult<Spec> {
+        self.specs_created += 1;
+        if self.specs_created > SPECS_PER_CALL {
+            wasmtime::bail!("guest created more than {SPECS_PER_CALL} volume specs in one call");
+        }
+        Ok(self.table.push(VolumeSpecBuilder::default())?)
+    }
+
+    fn capacity(&mut self, spec: Spec, bytes: u64) -> SpecResult {
+        self.with_spec(&spec, |b, _| b.capacity(bytes))
+    }
+
+    fn access_modes(&mut self, spec: Spec, modes: Vec<AccessMode>) -> SpecResult {
+        self.with_spec(&spec, |b, _| b.access_modes(modes))
+    }
+
+    fn volume_mode(&mut self, spec: Spec, mode: VolumeMode) -> WasmResult<()> {
+        self.with_spec(&spec, |b, _| b.volume_mode(mode))
+    }
+
+    fn reclaim_policy(&mut self, spec: Spec, policy: ReclaimPolicy) -> WasmResult<()> {
+        self.with_spec(&spec, |b, _| b.reclaim_policy(policy))
+    }
+
+    fn mount_options(&mut self, spec: Spec, options: Vec<String>) -> SpecResult {
+        self.with_spec(&spec, |b, _| b.mount_options(options))
+    }
+
+    fn node_affinity(&mut self, spec: Spec, terms: Vec<NodeSelectorTerm>) -> SpecResult {
+        self.with_spec(&spec, |b, _| b.node_affinity(terms))
+    }
+
+    fn label(&mut self, spec: Spec, key: String, value: String) -> SpecResult {
+        self.with_spec(&spec, |b, _| b.label(key, value))
+    }
+
+    fn annotation(&mut self, spec: Spec, key: String, value: String) -> SpecResult {
+        self.with_spec(&spec, |b, _| b.annotation(key, value))
+    }
+
+    fn host_path(&mut self, spec: Spec, path: String, kind: HostPathType) -> SpecResult {
+        self.with_spec(&spec, |b, g| b.host_path(g, path, kind))
+    }
+
+    fn local(&mut self, spec: Spec, path: String, fs_type: Option<String>) -> SpecResult {
+        self.with_spec(&spec, |b, g| b.local(g, path, fs_type))
+    }
+
+    fn nfs(&mut self, spec: Spec, server: String, path: String, read_only: bool) -> SpecResult {
+        self.with_spec(&spec, |b, g| b.nfs(g, server, path, read_only))
+    }
+
+    fn csi(
+        &mut self,
+        spec: Spec,
+        driver: String,
+        volume_handle: String,
+        fs_type: Option<String>,
+        read_only: bool,
+        attributes: Vec<Pair>,
+    ) -> SpecResult {
+        let source = CsiSource {
+            driver,
+            volume_handle,
+            fs_type,
+            read_only,
+            attributes,
+        };
+        self.with_spec(&spec, |b, g| b.csi(g, source))
+    }
+
+    fn drop(&mut self, spec: Spec) -> WasmResult<()> {
+        self.table.delete(spec)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wasm::bindings::volume_builder::HostVolumeSpec;
+    use std::path::Path;
+
+    fn state() -> GuestState {
+        let grants = Grants::parse(
+            "provisioner = \"x/y\"\n[volumes]\nkinds = [\"host-path\"]\npath-prefixes = [\"/srv\"]\n[config]\nk = \"v\"",
+            Path::new("/"),
+        )
+        .unwrap();
+        GuestState::new("t".into(), Arc::new(grants), WasiCtx::builder().build())
+    }
+
+    #[test]
+    fn builder_functions_check_grants_when_called() {
+        let mut s = state();
+        let spec = HostVolumeSpec::new(&mut s).unwrap();
+        let r = s
+            .host_path(
+                Resource::new_borrow(spec.rep()),
+                "/etc".into(),
+                HostPathType::Unset,
+            )
+            .unwrap();
+        assert!(matches!(r, Err(SpecError::NotGranted(_))));
+        let r = s
+            .host_path(
+                Resource::new_borrow(spec.rep()),
+                "/srv/a".into(),
+                HostPathType::Unset,
+            )
+            .unwrap();
+        assert!(r.is_ok());
+        let built = s.take_spec(spec).unwrap().finish(s.grants()).unwrap();
+        assert!(built.capacity.is_none());
+    }
+
+    #[test]
+    fn spec_count_per_call_is_bounded() {
+        let mut s = state();
+        for _ in 0..SPECS_PER_CALL {
+            HostVolumeSpec::new(&mut s).unwrap();
+        }
+        assert!(HostVolumeSpec::new(&mut s).is_err());
+    }
+
+    #[test]
+    fn config_and_log_budget() {
+        let mut s = state();
+        assert_eq!(host::Host::config(&mut s).unwrap(), r#"{"k":"v"}"#);
+        let big = "x".repeat(LOG_BYTES_PER_CALL / 2 + 1);
+        host::Host::log(&mut s, LogLevel::Info, big.clone(), vec![]).unwrap();
+        host::Host::log(&mut s, LogLevel::Info, big, vec![]).unwrap();
+        assert_eq!(s.logs_dropped, 1);
+    }
+
+    #[test]
+    fn memory_cap_is_recorded() {
+        let mut l = CallLimiter::new(1 << 20);
+        assert!(l.memory_growing(0, 1 << 19, None).unwrap());
+        assert!(!l.memory_hit);
+        assert!(!l.memory_growing(0, 2 << 20, None).unwrap());
+        assert!(l.memory_hit);
+    }
+}

@@ -1,0 +1,558 @@
+//! The wasm engine and loaded guests: compile once, a fresh bounded instance per call.
+//!
+//! Each call gets its own `Store` with the guest's grants (preopens only, no network, no
+//! environment), a memory cap, an epoch deadline measured against the wall clock, and an async
+//! timeout around the whole call so time spent in host functions counts too. A trap is a
+//! [`CallError::Fault`], distinct from the typed errors the guest returns on purpose.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+use wasmtime::component::{Component, InstancePre, Linker};
+use wasmtime::{Config, Engine, Store, Trap, UpdateDeadline};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{FsPerms, WasiCtx};
+
+use super::bindings::types::{
+    Claim, DeleteRequest, ProvisionError, ProvisionRequest, StorageClass, Volume,
+};
+use super::bindings::{ProvisionerFull, block_support, deletion_guard, lifecycle, qualifier};
+use super::contract::{ContractError, ContractInfo, Hook};
+use super::grants::{DirAccess, Grants};
+use super::host::GuestState;
+use super::spec::BuiltVolume;
+
+/// How often the epoch ticks; deadlines are checked against the wall clock on each tick.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+/// Bytes of stdout and of stderr kept per call.
+pub const CAPTURED_OUTPUT_BYTES: usize = 16 * 1024;
+/// Extra time the async timeout allows over the epoch deadline before dropping the call.
+const ASYNC_TIMEOUT_MARGIN: Duration = Duration::from_millis(500);
+
+/// Why a module could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The module file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A precompiled artifact was offered; loading one would run unverified native code.
+    #[error("{path} is a precompiled wasmtime artifact; only .wasm components are accepted")]
+    Precompiled {
+        /// The module file.
+        path: String,
+    },
+    /// Not a valid component, or compilation failed.
+    #[error("{path} does not compile as a WebAssembly component: {message}")]
+    Compile {
+        /// The module file.
+        path: String,
+        /// wasmtime's message.
+        message: String,
+    },
+    /// The component does not implement a contract version this host serves.
+    #[error("{path}: {source}")]
+    Contract {
+        /// The module file.
+        path: String,
+        /// What is wrong with its contract.
+        #[source]
+        source: ContractError,
+    },
+    /// Imports this host does not provide (for example networking).
+    #[error("{path} cannot be linked: {message}")]
+    Link {
+        /// The module file.
+        path: String,
+        /// wasmtime's message.
+        message: String,
+    },
+    /// The engine could not be created.
+    #[error("cannot create the wasm engine: {0}")]
+    Engine(String),
+}
+
+/// A fault: the guest did not return normally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The call ran past its deadline.
+    Deadline,
+    /// The guest tried to grow memory past its cap.
+    Memory,
+    /// The guest panicked.
+    Panic,
+    /// The guest overflowed its stack.
+    StackOverflow,
+    /// Any other trap (`unreachable`, bad memory access, ...).
+    Trap,
+    /// The host refused something the guest did (too many specs, bad resource handle, ...).
+    Host,
+}
+
+impl FaultKind {
+    /// Short name used in events, logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultKind::Deadline => "deadline",
+            FaultKind::Memory => "memory",
+            FaultKind::Panic => "panic",
+            FaultKind::StackOverflow => "stack-overflow",
+            FaultKind::Trap => "trap",
+            FaultKind::Host => "host",
+        }
+    }
+}
+
+/// Why a call into a guest did not produce a result.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The guest returned one of the contract's typed errors.
+    #[error("guest {guest} returned {}", describe_guest_error(.error))]
+    Guest {
+        /// The guest's name.
+        guest: String,
+        /// The typed error.
+        error: ProvisionError,
+    },
+    /// The guest returned a volume that breaks its grants or Kubernetes' rules.
+    #[error("guest {guest} returned a volume the host refused: {message}")]
+    Rejected {
+        /// The guest's name.
+        guest: String,
+        /// Why.
+        message: String,
+    },
+    /// The guest trapped, ran out of time or memory.
+    #[error("guest {guest} failed ({}): {message}", .kind.as_str())]
+    Fault {
+        /// The guest's name.
+        guest: String,
+        /// What kind of fault.
+        kind: FaultKind,
+        /// Details, including captured stderr when there is any.
+        message: String,
+    },
+}
+
+fn describe_guest_error(error: &ProvisionError) -> String {
+    match error {
+        ProvisionError::Final(m) => format!("a final error: {m}"),
+        ProvisionError::Transient(m) => format!("a transient error: {m}"),
+        ProvisionError::Ignored(m) => format!("ignored: {m}"),
+        ProvisionError::Reschedule(m) => format!("reschedule: {m}"),
+        ProvisionError::InBackground(m) => format!("in background: {m}"),
+    }
+}
+
+/// One engine and linker for all guests, with the epoch ticker that drives deadlines.
+#[derive(Clone)]
+pub struct WasmEngine {
+    engine: Engine,
+    linker: Arc<Linker<GuestState>>,
+}
+
+impl WasmEngine {
+    /// Creates the engine, the linker (WASI p2 plus the provisioner host API) and the ticker.
+    pub fn new() -> Result<WasmEngine, LoadError> {
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        config.wasm_component_model(true);
+        // Guests recursing without bound hit this, not the host's stack.
+        config.max_wasm_stack(1 << 20);
+        let engine = Engine::new(&config).map_err(|e| LoadError::Engine(e.to_string()))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| LoadError::Engine(e.to_string()))?;
+        ProvisionerFull::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)
+            .map_err(|e| LoadError::Engine(e.to_string()))?;
+        let weak = engine.weak();
+        std::thread::Builder::new()
+            .name("wasm-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(EPOCH_TICK);
+                }
+            })
+            .map_err(|e| LoadError::Engine(e.to_string()))?;
+        Ok(WasmEngine {
+            engine,
+            linker: Arc::new(linker),
+        })
+    }
+
+    /// The underlying wasmtime engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Compiles a component file without linking it (for `inspect`).
+    pub fn compile(&self, path: &Path) -> Result<(Component, String), LoadError> {
+        let display = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: display.clone(),
+            source,
+        })?;
+        if Engine::detect_precompiled(&bytes).is_some() {
+            return Err(LoadError::Precompiled { path: display });
+        }
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        let component = Component::new(&self.engine, &bytes).map_err(|e| LoadError::Compile {
+            path: display,
+            message: format!("{e:#}"),
+        })?;
+        Ok((component, sha256))
+    }
+
+    /// Compiles, checks the contract and links a guest, ready to be called.
+    pub fn load(&self, name: &str, path: &Path, grants: Grants) -> Result<Guest, LoadError> {
+        let display = path.display().to_string();
+        let (component, sha256) = self.compile(path)?;
+        let contract = ContractInfo::of(&self.engine, &component);
+        contract.check().map_err(|source| LoadError::Contract {
+            path: display.clone(),
+            source,
+        })?;
+        let link_err = |e: wasmtime::Error| LoadError::Link {
+            path: display.clone(),
+            message: format!("{e:#}"),
+        };
+        let pre = self.linker.instantiate_pre(&component).map_err(link_err)?;
+        let lifecycle = lifecycle::GuestIndices::new(&pre).map_err(link_err)?;
+        let qualifier = contract
+            .hooks
+            .contains(&Hook::Qualifier)
+            .then(|| qualifier::GuestIndices::new(&pre))
+            .transpose()
+            .map_err(link_err)?;
+        let deletion_guard = contract
+            .hooks
+            .contains(&Hook::DeletionGuard)
+            .then(|| deletion_guard::GuestIndices::new(&pre))
+            .transpose()
+            .map_err(link_err)?;
+        let block_support = contract
+            .hooks
+            .contains(&Hook::BlockSupport)
+            .then(|| block_support::GuestIndices::new(&pre))
+            .transpose()
+            .map_err(link_err)?;
+        Ok(Guest {
+            name: name.into(),
+            semaphore: Arc::new(Semaphore::new(grants.max_concurrency)),
+            grants: Arc::new(grants),
+            sha256,
+            contract,
+            pre,
+            lifecycle,
+            qualifier,
+            deletion_guard,
+            block_support,
+        })
+    }
+}
+
+/// A compiled, linked guest with its grants. Cheap to share; every call is independent.
+pub struct Guest {
+    name: Arc<str>,
+    grants: Arc<Grants>,
+    sha256: String,
+    contract: ContractInfo,
+    semaphore: Arc<Semaphore>,
+    pre: InstancePre<GuestState>,
+    lifecycle: lifecycle::GuestIndices,
+    qualifier: Option<qualifier::GuestIndices>,
+    deletion_guard: Option<deletion_guard::GuestIndices>,
+    block_support: Option<block_support::GuestIndices>,
+}
+
+/// Captured guest output of one call.
+struct Output {
+    stdout: MemoryOutputPipe,
+    stderr: MemoryOutputPipe,
+}
+
+impl Guest {
+    /// The guest's name (its file stem).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its grants.
+    pub fn grants(&self) -> &Grants {
+        &self.grants
+    }
+
+    /// The SHA-256 of its `.wasm`.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    /// What it implements.
+    pub fn contract(&self) -> &ContractInfo {
+        &self.contract
+    }
+
+    fn new_store(&self, deadline: Instant) -> Result<(Store<GuestState>, Output), CallError> {
+        let stdout = MemoryOutputPipe::new(CAPTURED_OUTPUT_BYTES);
+        let stderr = MemoryOutputPipe::new(CAPTURED_OUTPUT_BYTES);
+        let mut wasi = WasiCtx::builder();
+        wasi.stdout(stdout.clone()).stderr(stderr.clone());
+        for dir in &self.grants.dirs {
+            let perms = match dir.access {
+                DirAccess::ReadOnly => FsPerms::ReadOnly,
+                DirAccess::ReadWrite => FsPerms::ReadWrite,
+            };
+            wasi.preopened_dir(&dir.host, &dir.guest, perms)
+                .map_err(|e| {
+                    self.fault(
+                        FaultKind::Host,
+                        format!("cannot open granted directory {}: {e}", dir.host.display()),
+                    )
+                })?;
+        }
+        let state = GuestState::new(self.name.clone(), self.grants.clone(), wasi.build());
+        let mut store = Store::new(self.pre.engine(), state);
+        store.limiter(|s| &mut s.limiter);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            // Compare with the wall clock rather than counting ticks, so a burst of late
+            // ticks on a loaded machine cannot end a call early.
+            if Instant::now() >= deadline {
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+        Ok((store, Output { stdout, stderr }))
+    }
+
+    fn fault(&self, kind: FaultKind, message: String) -> CallError {
+        CallError::Fault {
+            guest: self.name.to_string(),
+            kind,
+            message,
+        }
+    }
+
+    /// Waits for a concurrency slot and prepares a fresh store under the guest's limits.
+    async fn begin(&self) -> Result<CallScope<'_>, CallError> {
+        let permit = self
+            .semaphore
+            .acquire()
+            .await
+            .expect("guest semaphore is never closed");
+        let timeout = self.grants.call_timeout;
+        let (store, output) = self.new_store(Instant::now() + timeout)?;
+        Ok(CallScope {
+            guest: self,
+            _permit: permit,
+            store,
+            output,
+            timeout,
+        })
+    }
+
+    fn classify(
+        &self,
+        operation: &str,
+        error: wasmtime::Error,
+        store: &Store<GuestState>,
+        output: &Output,
+        timeout: Duration,
+    ) -> CallError {
+        let stderr = String::from_utf8_lossy(&output.stderr.contents()).into_owned();
+        let trap = error.downcast_ref::<Trap>().copied();
+        let kind = if trap == Some(Trap::Interrupt) {
+            FaultKind::Deadline
+        } else if store.data().limiter.memory_hit {
+            FaultKind::Memory
+        } else if stderr.contains("panicked at") {
+            FaultKind::Panic
+        } else if trap == Some(Trap::StackOverflow) {
+            FaultKind::StackOverflow
+        } else if trap.is_some() {
+            FaultKind::Trap
+        } else {
+            FaultKind::Host
+        };
+        let mut message = match kind {
+            FaultKind::Deadline => format!("{operation} exceeded its deadline of {timeout:?}"),
+            FaultKind::Memory => format!(
+                "{operation} exceeded its memory cap of {} MiB",
+                self.grants.memory_bytes / (1024 * 1024)
+            ),
+            _ => format!("{operation}: {error:#}"),
+        };
+        let stderr = stderr.trim();
+        if !stderr.is_empty() {
+            let tail: String = stderr
+                .chars()
+                .rev()
+                .take(1024)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            message.push_str(&format!("; stderr: {tail}"));
+        }
+        self.fault(kind, message)
+    }
+
+    fn log_output(&self, operation: &str, output: &Output) {
+        for (stream, pipe) in [("stdout", &output.stdout), ("stderr", &output.stderr)] {
+            let bytes = pipe.contents();
+            if bytes.is_empty() {
+                continue;
+            }
+            let text = String::from_utf8_lossy(&bytes);
+            for line in text.lines().take(200) {
+                tracing::info!(target: "guest", guest = %self.name, operation, stream, "{line}");
+            }
+        }
+    }
+
+    /// Calls `provision` and validates the returned spec against the grants.
+    pub async fn provision(&self, request: &ProvisionRequest) -> Result<BuiltVolume, CallError> {
+        let mut scope = self.begin().await?;
+        let store = &mut scope.store;
+        let outcome = tokio::time::timeout(scope.timeout + ASYNC_TIMEOUT_MARGIN, async {
+            let instance = self.pre.instantiate_async(&mut *store).await?;
+            let exports = self.lifecycle.load(&mut *store, &instance)?;
+            match exports.call_provision(&mut *store, request).await? {
+                Ok(spec) => Ok(Ok(store.data_mut().take_spec(spec)?)),
+                Err(e) => Ok(Err(e)),
+            }
+        })
+        .await;
+        let result = scope.finish("provision", outcome)?;
+        let spec = result.map_err(|error| CallError::Guest {
+            guest: self.name.to_string(),
+            error,
+        })?;
+        spec.finish(&self.grants).map_err(|e| CallError::Rejected {
+            guest: self.name.to_string(),
+            message: super::describe_spec_error(&e),
+        })
+    }
+
+    /// Calls `delete`.
+    pub async fn delete(&self, request: &DeleteRequest) -> Result<(), CallError> {
+        let mut scope = self.begin().await?;
+        let store = &mut scope.store;
+        let outcome = tokio::time::timeout(scope.timeout + ASYNC_TIMEOUT_MARGIN, async {
+            let instance = self.pre.instantiate_async(&mut *store).await?;
+            let exports = self.lifecycle.load(&mut *store, &instance)?;
+            exports.call_delete(&mut *store, request).await
+        })
+        .await;
+        let result = scope.finish("delete", outcome)?;
+        result.map_err(|error| CallError::Guest {
+            guest: self.name.to_string(),
+            error,
+        })
+    }
+
+    /// The `qualifier` hook; `true` when the guest does not implement it.
+    pub async fn should_provision(
+        &self,
+        claim: &Claim,
+        class: &StorageClass,
+    ) -> Result<bool, CallError> {
+        let Some(indices) = &self.qualifier else {
+            return Ok(true);
+        };
+        let mut scope = self.begin().await?;
+        let store = &mut scope.store;
+        let outcome = tokio::time::timeout(scope.timeout + ASYNC_TIMEOUT_MARGIN, async {
+            let instance = self.pre.instantiate_async(&mut *store).await?;
+            let exports = indices.load(&mut *store, &instance)?;
+            exports
+                .call_should_provision(&mut *store, claim, class)
+                .await
+        })
+        .await;
+        scope.finish("should-provision", outcome)
+    }
+
+    /// The `deletion-guard` hook; `true` when the guest does not implement it.
+    pub async fn should_delete(&self, volume: &Volume) -> Result<bool, CallError> {
+        let Some(indices) = &self.deletion_guard else {
+            return Ok(true);
+        };
+        let mut scope = self.begin().await?;
+        let store = &mut scope.store;
+        let outcome = tokio::time::timeout(scope.timeout + ASYNC_TIMEOUT_MARGIN, async {
+            let instance = self.pre.instantiate_async(&mut *store).await?;
+            let exports = indices.load(&mut *store, &instance)?;
+            exports.call_should_delete(&mut *store, volume).await
+        })
+        .await;
+        scope.finish("should-delete", outcome)
+    }
+
+    /// The `block-support` hook; `false` when the guest does not implement it.
+    pub async fn supports_block(&self) -> Result<bool, CallError> {
+        let Some(indices) = &self.block_support else {
+            return Ok(false);
+        };
+        let mut scope = self.begin().await?;
+        let store = &mut scope.store;
+        let outcome = tokio::time::timeout(scope.timeout + ASYNC_TIMEOUT_MARGIN, async {
+            let instance = self.pre.instantiate_async(&mut *store).await?;
+            let exports = indices.load(&mut *store, &instance)?;
+            exports.call_supports_block(&mut *store).await
+        })
+        .await;
+        scope.finish("supports-block", outcome)
+    }
+}
+
+/// One call in progress: the concurrency slot, the fresh store and its captured output.
+struct CallScope<'g> {
+    guest: &'g Guest,
+    _permit: tokio::sync::SemaphorePermit<'g>,
+    store: Store<GuestState>,
+    output: Output,
+    timeout: Duration,
+}
+
+impl CallScope<'_> {
+    /// Logs the guest's output and turns the outcome into a result, classifying faults.
+    fn finish<R>(
+        self,
+        operation: &'static str,
+        outcome: Result<wasmtime::Result<R>, tokio::time::error::Elapsed>,
+    ) -> Result<R, CallError> {
+        let guest = self.guest;
+        guest.log_output(operation, &self.output);
+        match outcome {
+            Err(_) => Err(guest.fault(
+                FaultKind::Deadline,
+                format!(
+                    "{operation} did not finish within {:?} (blocked in a host call)",
+                    self.timeout
+                ),
+            )),
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => {
+                Err(guest.classify(operation, error, &self.store, &self.output, self.timeout))
+            }
+        }
+    }
+}
+
+/// The hooks a guest implements, for display.
+pub fn hook_names(hooks: &BTreeSet<Hook>) -> Vec<&'static str> {
+    hooks.iter().map(|h| h.as_str()).collect()
+}

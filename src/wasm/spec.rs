@@ -1,0 +1,576 @@
+//! The volume-spec builder behind the `volume-builder` import: every setter checked against grants.
+//!
+//! Guests never hand the host a Kubernetes object. They call these setters, each of which refuses
+//! what the grant file does not allow, and `finish` checks the whole spec once more, so a value the
+//! guest smuggled past one check (or a grant that changed meanwhile) still cannot reach the API.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::bindings::types::{
+    AccessMode, CsiSource, HostPathSource, HostPathType, LocalSource, NfsSource,
+    NodeSelectorOperator, NodeSelectorTerm, Pair, ReclaimPolicy, SpecError, VolumeMode,
+    VolumeSource,
+};
+use super::grants::{Grants, SourceKind, has_parent_component};
+
+/// Kubernetes' limit on the total size of an object's annotations.
+pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
+/// Labels plus annotations a guest may set on one PV.
+pub const MAX_METADATA_ENTRIES: usize = 128;
+/// Largest capacity we accept: what a Kubernetes quantity can hold.
+pub const MAX_CAPACITY_BYTES: u64 = i64::MAX as u64;
+
+/// Key prefixes the host owns; a guest may not set them on a PV. Guests may use their own
+/// subdomains such as `hostpath.wasm-provisioner.dev/`.
+const RESERVED_PREFIXES: &[&str] = &["wasm-provisioner.dev/", "kubernetes.io/", "k8s.io/"];
+/// Domains reserved with all their subdomains (`pv.kubernetes.io/`, `volume.beta.kubernetes.io/`, ...).
+const RESERVED_DOMAINS: &[&str] = &["kubernetes.io/", "k8s.io/"];
+
+/// A PV under construction, as a guest built it through the host API.
+#[derive(Debug, Default, Clone)]
+pub struct VolumeSpecBuilder {
+    capacity: Option<u64>,
+    access_modes: Option<Vec<AccessMode>>,
+    volume_mode: Option<VolumeMode>,
+    reclaim_policy: Option<ReclaimPolicy>,
+    mount_options: Option<Vec<String>>,
+    node_affinity: Vec<NodeSelectorTerm>,
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+    source: Option<VolumeSource>,
+}
+
+/// A finished, validated volume description. Fields the guest left unset are `None`; the
+/// controller fills them from the claim and class.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuiltVolume {
+    /// Capacity in bytes.
+    pub capacity: Option<u64>,
+    /// Access modes.
+    pub access_modes: Option<Vec<AccessMode>>,
+    /// Volume mode.
+    pub volume_mode: Option<VolumeMode>,
+    /// Reclaim policy.
+    pub reclaim_policy: Option<ReclaimPolicy>,
+    /// Mount options.
+    pub mount_options: Option<Vec<String>>,
+    /// Node affinity terms (ORed).
+    pub node_affinity: Vec<NodeSelectorTerm>,
+    /// Labels for the PV.
+    pub labels: BTreeMap<String, String>,
+    /// Annotations for the PV.
+    pub annotations: BTreeMap<String, String>,
+    /// The one storage source.
+    pub source: VolumeSource,
+}
+
+fn not_granted(msg: impl Into<String>) -> SpecError {
+    SpecError::NotGranted(msg.into())
+}
+
+fn invalid(msg: impl Into<String>) -> SpecError {
+    SpecError::Invalid(msg.into())
+}
+
+impl VolumeSpecBuilder {
+    /// Sets the capacity.
+    pub fn capacity(&mut self, bytes: u64) -> Result<(), SpecError> {
+        check_capacity(bytes)?;
+        self.capacity = Some(bytes);
+        Ok(())
+    }
+
+    /// Sets the access modes.
+    pub fn access_modes(&mut self, modes: Vec<AccessMode>) -> Result<(), SpecError> {
+        if modes.is_empty() {
+            return Err(invalid("access modes must not be empty"));
+        }
+        self.access_modes = Some(modes);
+        Ok(())
+    }
+
+    /// Sets the volume mode.
+    pub fn volume_mode(&mut self, mode: VolumeMode) {
+        self.volume_mode = Some(mode);
+    }
+
+    /// Sets the reclaim policy.
+    pub fn reclaim_policy(&mut self, policy: ReclaimPolicy) {
+        self.reclaim_policy = Some(policy);
+    }
+
+    /// Sets the mount options.
+    pub fn mount_options(&mut self, options: Vec<String>) -> Result<(), SpecError> {
+        check_mount_options(&options)?;
+        self.mount_options = Some(options);
+        Ok(())
+    }
+
+    /// Sets node affinity.
+    pub fn node_affinity(&mut self, terms: Vec<NodeSelectorTerm>) -> Result<(), SpecError> {
+        check_node_affinity(&terms)?;
+        self.node_affinity = terms;
+        Ok(())
+    }
+
+    /// Adds a label.
+    pub fn label(&mut self, key: String, value: String) -> Result<(), SpecError> {
+        check_metadata_key(&key)?;
+        check_label_value(&value)?;
+        self.labels.insert(key, value);
+        check_metadata_budget(&self.labels, &self.annotations)
+    }
+
+    /// Adds an annotation.
+    pub fn annotation(&mut self, key: String, value: String) -> Result<(), SpecError> {
+        check_metadata_key(&key)?;
+        self.annotations.insert(key, value);
+        check_metadata_budget(&self.labels, &self.annotations)
+    }
+
+    /// Sets a hostPath source.
+    pub fn host_path(
+        &mut self,
+        grants: &Grants,
+        path: String,
+        kind: HostPathType,
+    ) -> Result<(), SpecError> {
+        let source = VolumeSource::HostPath(HostPathSource { path, kind });
+        check_source(grants, &source)?;
+        self.source = Some(source);
+        Ok(())
+    }
+
+    /// Sets a local source.
+    pub fn local(
+        &mut self,
+        grants: &Grants,
+        path: String,
+        fs_type: Option<String>,
+    ) -> Result<(), SpecError> {
+        let source = VolumeSource::Local(LocalSource { path, fs_type });
+        check_source(grants, &source)?;
+        self.source = Some(source);
+        Ok(())
+    }
+
+    /// Sets an NFS source.
+    pub fn nfs(
+        &mut self,
+        grants: &Grants,
+        server: String,
+        path: String,
+        read_only: bool,
+    ) -> Result<(), SpecError> {
+        let source = VolumeSource::Nfs(NfsSource {
+            server,
+            path,
+            read_only,
+        });
+        check_source(grants, &source)?;
+        self.source = Some(source);
+        Ok(())
+    }
+
+    /// Sets a CSI source.
+    pub fn csi(&mut self, grants: &Grants, source: CsiSource) -> Result<(), SpecError> {
+        let source = VolumeSource::Csi(source);
+        check_source(grants, &source)?;
+        self.source = Some(source);
+        Ok(())
+    }
+
+    /// Validates the whole spec against `grants` (which may have changed since the setters ran).
+    pub fn finish(self, grants: &Grants) -> Result<BuiltVolume, SpecError> {
+        let source = self.source.ok_or_else(|| {
+            invalid("the volume has no source: call host-path, local, nfs or csi")
+        })?;
+        check_source(grants, &source)?;
+        if let Some(bytes) = self.capacity {
+            check_capacity(bytes)?;
+        }
+        if let Some(options) = &self.mount_options {
+            check_mount_options(options)?;
+        }
+        check_node_affinity(&self.node_affinity)?;
+        if matches!(source, VolumeSource::Local(_)) && self.node_affinity.is_empty() {
+            return Err(invalid("a local volume needs node affinity"));
+        }
+        for (key, value) in &self.labels {
+            check_metadata_key(key)?;
+            check_label_value(value)?;
+        }
+        for key in self.annotations.keys() {
+            check_metadata_key(key)?;
+        }
+        check_metadata_budget(&self.labels, &self.annotations)?;
+        Ok(BuiltVolume {
+            capacity: self.capacity,
+            access_modes: self.access_modes,
+            volume_mode: self.volume_mode,
+            reclaim_policy: self.reclaim_policy,
+            mount_options: self.mount_options,
+            node_affinity: self.node_affinity,
+            labels: self.labels,
+            annotations: self.annotations,
+            source,
+        })
+    }
+}
+
+fn check_capacity(bytes: u64) -> Result<(), SpecError> {
+    if bytes == 0 || bytes > MAX_CAPACITY_BYTES {
+        return Err(invalid(format!(
+            "capacity must be between 1 and {MAX_CAPACITY_BYTES} bytes, got {bytes}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_mount_options(options: &[String]) -> Result<(), SpecError> {
+    if options.len() > 64 {
+        return Err(invalid("at most 64 mount options"));
+    }
+    for option in options {
+        if option.is_empty() || option.len() > 256 || option.contains(['\0', '\n']) {
+            return Err(invalid(format!("mount option {option:?} is not valid")));
+        }
+    }
+    Ok(())
+}
+
+fn check_node_affinity(terms: &[NodeSelectorTerm]) -> Result<(), SpecError> {
+    if terms.len() > 32 {
+        return Err(invalid("at most 32 node selector terms"));
+    }
+    for term in terms {
+        if term.requirements.is_empty() {
+            return Err(invalid(
+                "a node selector term needs at least one requirement",
+            ));
+        }
+        for req in &term.requirements {
+            check_qualified_name(&req.key)?;
+            let needs_values = matches!(
+                req.operator,
+                NodeSelectorOperator::In | NodeSelectorOperator::NotIn
+            );
+            if needs_values == req.values.is_empty() {
+                return Err(invalid(format!(
+                    "node selector requirement on {:?}: `in`/`not-in` need values, `exists`/`does-not-exist` take none",
+                    req.key
+                )));
+            }
+            for value in &req.values {
+                check_label_value(value)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_metadata_key(key: &str) -> Result<(), SpecError> {
+    check_qualified_name(key)?;
+    let reserved = RESERVED_PREFIXES
+        .iter()
+        .find(|p| key.starts_with(*p))
+        .or_else(|| {
+            RESERVED_DOMAINS.iter().find(|d| {
+                key.split_once('/')
+                    .is_some_and(|(prefix, _)| format!("{prefix}/").ends_with(&format!(".{d}")))
+            })
+        });
+    if let Some(prefix) = reserved {
+        return Err(not_granted(format!(
+            "key {key:?} is in {prefix:?}, which the host owns"
+        )));
+    }
+    Ok(())
+}
+
+fn check_metadata_budget(
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+) -> Result<(), SpecError> {
+    if labels.len() + annotations.len() > MAX_METADATA_ENTRIES {
+        return Err(invalid(format!(
+            "at most {MAX_METADATA_ENTRIES} labels and annotations"
+        )));
+    }
+    let size: usize = annotations.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if size > MAX_ANNOTATIONS_BYTES {
+        return Err(invalid(format!(
+            "annotations total {size} bytes, more than Kubernetes' {MAX_ANNOTATIONS_BYTES}"
+        )));
+    }
+    Ok(())
+}
+
+/// A Kubernetes qualified name: `[prefix/]name`, prefix a DNS subdomain, name ≤ 63 characters.
+fn check_qualified_name(key: &str) -> Result<(), SpecError> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|part| {
+                !part.is_empty()
+                    && part
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !part.starts_with('-')
+                    && !part.ends_with('-')
+            })
+    });
+    if name_ok && prefix_ok {
+        Ok(())
+    } else {
+        Err(invalid(format!("{key:?} is not a valid Kubernetes key")))
+    }
+}
+
+fn check_label_value(value: &str) -> Result<(), SpecError> {
+    let ok = value.is_empty()
+        || (value.len() <= 63
+            && value
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            && value.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && value.ends_with(|c: char| c.is_ascii_alphanumeric()));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(format!("{value:?} is not a valid label value")))
+    }
+}
+
+/// An absolute, normalised path: no `..`, no `.`, no empty components, no NUL.
+fn check_node_path(path: &str) -> Result<(), SpecError> {
+    let p = Path::new(path);
+    let normalised = path.starts_with('/')
+        && !path.contains('\0')
+        && !path.contains("//")
+        && !has_parent_component(p)
+        && !path.split('/').any(|c| c == ".")
+        && path.len() <= 4096;
+    if normalised {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "path {path:?} must be absolute and normalised (no `..`, `.` or `//`)"
+        )))
+    }
+}
+
+fn source_kind(source: &VolumeSource) -> SourceKind {
+    match source {
+        VolumeSource::HostPath(_) => SourceKind::HostPath,
+        VolumeSource::Local(_) => SourceKind::Local,
+        VolumeSource::Nfs(_) => SourceKind::Nfs,
+        VolumeSource::Csi(_) => SourceKind::Csi,
+    }
+}
+
+/// Checks one source against the grants: its kind, then its path, server or driver.
+pub fn check_source(grants: &Grants, source: &VolumeSource) -> Result<(), SpecError> {
+    let kind = source_kind(source);
+    if !grants.volumes.kinds.contains(&kind) {
+        return Err(not_granted(format!(
+            "volume source kind `{}` is not granted to this guest",
+            kind.as_str()
+        )));
+    }
+    match source {
+        VolumeSource::HostPath(HostPathSource { path, .. })
+        | VolumeSource::Local(LocalSource { path, .. }) => {
+            check_node_path(path)?;
+            if !grants.path_granted(Path::new(path)) {
+                return Err(not_granted(format!(
+                    "path {path:?} is outside the granted prefixes {:?}",
+                    grants.volumes.path_prefixes
+                )));
+            }
+        }
+        VolumeSource::Nfs(NfsSource { server, path, .. }) => {
+            check_node_path(path)?;
+            if !grants.volumes.nfs_servers.iter().any(|s| s == server) {
+                return Err(not_granted(format!("NFS server {server:?} is not granted")));
+            }
+        }
+        VolumeSource::Csi(CsiSource {
+            driver,
+            volume_handle,
+            attributes,
+            ..
+        }) => {
+            if !grants.volumes.csi_drivers.iter().any(|d| d == driver) {
+                return Err(not_granted(format!("CSI driver {driver:?} is not granted")));
+            }
+            if volume_handle.is_empty() || volume_handle.len() > 1024 {
+                return Err(invalid("CSI volume handle must be 1 to 1024 bytes"));
+            }
+            let size: usize = attributes
+                .iter()
+                .map(|Pair { key, value }| key.len() + value.len())
+                .sum();
+            if size > MAX_ANNOTATIONS_BYTES {
+                return Err(invalid("CSI attributes are too large"));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wasm::bindings::types::NodeSelectorRequirement;
+
+    fn grants() -> Grants {
+        Grants::parse(
+            r#"provisioner = "x/y"
+[volumes]
+kinds = ["host-path", "nfs"]
+path-prefixes = ["/srv/vol"]
+nfs-servers = ["nfs.local"]"#,
+            Path::new("/"),
+        )
+        .unwrap()
+    }
+
+    fn is_not_granted(r: Result<(), SpecError>) -> bool {
+        matches!(r, Err(SpecError::NotGranted(_)))
+    }
+
+    #[test]
+    fn host_path_inside_prefix_is_accepted_and_finishes() {
+        let g = grants();
+        let mut b = VolumeSpecBuilder::default();
+        b.host_path(&g, "/srv/vol/pvc-1".into(), HostPathType::DirectoryOrCreate)
+            .unwrap();
+        b.capacity(1 << 30).unwrap();
+        let built = b.finish(&g).unwrap();
+        assert_eq!(built.capacity, Some(1 << 30));
+        assert!(
+            matches!(built.source, VolumeSource::HostPath(ref h) if h.path == "/srv/vol/pvc-1")
+        );
+    }
+
+    #[test]
+    fn host_path_outside_prefix_or_escaping_is_refused() {
+        let g = grants();
+        let mut b = VolumeSpecBuilder::default();
+        assert!(is_not_granted(b.host_path(
+            &g,
+            "/etc".into(),
+            HostPathType::Unset
+        )));
+        assert!(is_not_granted(b.host_path(
+            &g,
+            "/srv/volumes".into(),
+            HostPathType::Unset
+        )));
+        let dotdot = b.host_path(&g, "/srv/vol/../../etc".into(), HostPathType::Unset);
+        assert!(matches!(dotdot, Err(SpecError::Invalid(_))), "{dotdot:?}");
+        let relative = b.host_path(&g, "srv/vol/x".into(), HostPathType::Unset);
+        assert!(matches!(relative, Err(SpecError::Invalid(_))));
+        assert!(matches!(b.finish(&g), Err(SpecError::Invalid(m)) if m.contains("no source")));
+    }
+
+    #[test]
+    fn ungranted_kinds_servers_and_drivers_are_refused() {
+        let g = grants();
+        let mut b = VolumeSpecBuilder::default();
+        assert!(is_not_granted(b.nfs(
+            &g,
+            "evil.example".into(),
+            "/x".into(),
+            false
+        )));
+        assert!(
+            b.nfs(&g, "nfs.local".into(), "/export/a".into(), false)
+                .is_ok()
+        );
+        assert!(is_not_granted(b.local(&g, "/srv/vol/a".into(), None)));
+        let csi = CsiSource {
+            driver: "d".into(),
+            volume_handle: "h".into(),
+            fs_type: None,
+            read_only: false,
+            attributes: vec![],
+        };
+        assert!(is_not_granted(b.csi(&g, csi)));
+    }
+
+    #[test]
+    fn finish_rechecks_against_grants_that_changed() {
+        let g = grants();
+        let mut b = VolumeSpecBuilder::default();
+        b.host_path(&g, "/srv/vol/a".into(), HostPathType::Unset)
+            .unwrap();
+        let mut narrower = g.clone();
+        narrower.volumes.path_prefixes = vec!["/srv/other".into()];
+        assert!(matches!(b.finish(&narrower), Err(SpecError::NotGranted(_))));
+    }
+
+    #[test]
+    fn reserved_keys_and_invalid_metadata_are_refused() {
+        let mut b = VolumeSpecBuilder::default();
+        for key in [
+            "pv.kubernetes.io/provisioned-by",
+            "kubernetes.io/hostname",
+            "foo.kubernetes.io/x",
+            "wasm-provisioner.dev/guest",
+            "volume.beta.kubernetes.io/storage-class",
+        ] {
+            assert!(
+                is_not_granted(b.annotation(key.into(), "v".into())),
+                "{key}"
+            );
+        }
+        assert!(matches!(
+            b.label("bad key".into(), "v".into()),
+            Err(SpecError::Invalid(_))
+        ));
+        assert!(matches!(
+            b.label("ok".into(), "bad value!".into()),
+            Err(SpecError::Invalid(_))
+        ));
+        assert!(b.label("example.com/tier".into(), "gold".into()).is_ok());
+        assert!(
+            b.annotation("hostpath.wasm-provisioner.dev/dir".into(), "x".into())
+                .is_ok()
+        );
+        let huge = "x".repeat(MAX_ANNOTATIONS_BYTES);
+        assert!(matches!(
+            b.annotation("example.com/big".into(), huge),
+            Err(SpecError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn absurd_capacity_and_affinity_are_refused() {
+        let mut b = VolumeSpecBuilder::default();
+        assert!(b.capacity(0).is_err());
+        assert!(b.capacity(u64::MAX).is_err());
+        assert!(b.access_modes(vec![]).is_err());
+        let bad = NodeSelectorTerm {
+            requirements: vec![NodeSelectorRequirement {
+                key: "kubernetes.io/hostname".into(),
+                operator: NodeSelectorOperator::In,
+                values: vec![],
+            }],
+        };
+        assert!(b.node_affinity(vec![bad]).is_err());
+    }
+}

@@ -1,0 +1,186 @@
+//! The offline commands as a user runs them: the real binary on real guests and YAML files.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::*;
+
+const HOSTPATH: &str = "test.wasm-provisioner.dev/hostpath";
+
+fn wasm_provisioner(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"))
+        .args(args)
+        .output()
+        .expect("run wasm-provisioner")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn inspect_reports_contract_and_hooks() {
+    let out = wasm_provisioner(&["inspect", guest_wasm("hostpath").to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("contract:  wasm-provisioner:provisioner@0.1.0"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("hooks:     none"), "{stdout}");
+    assert!(stdout.contains("runnable:  yes"), "{stdout}");
+
+    let out = wasm_provisioner(&["inspect", guest_wasm("scripted").to_str().unwrap()]);
+    assert!(text(&out.stdout).contains("qualifier, deletion-guard, block-support"));
+}
+
+#[test]
+fn inspect_rejects_other_contract_versions_and_garbage() {
+    let out = wasm_provisioner(&["inspect", guest_wasm("contract_v2").to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("runnable:  no") && stderr.contains("@0.2.0"),
+        "{stderr}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("x.wasm");
+    std::fs::write(&garbage, b"not wasm at all").unwrap();
+    let out = wasm_provisioner(&["inspect", garbage.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("does not compile"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+fn write(dir: &Path, name: &str, body: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, body).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn provision_prints_the_pv_and_delete_removes_the_directory() {
+    let storage = tempfile::tempdir().unwrap();
+    let plugins = PluginsDir::new();
+    plugins.add(
+        "hostpath",
+        "hostpath",
+        &dir_grant(HOSTPATH, storage.path(), "/volumes", ""),
+    );
+    let files = tempfile::tempdir().unwrap();
+    let class = write(
+        files.path(),
+        "sc.yaml",
+        &format!(
+            "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: hostpath\nprovisioner: {HOSTPATH}\nreclaimPolicy: Delete\nmountOptions: [noatime]\n"
+        ),
+    );
+    let claim = write(
+        files.path(),
+        "pvc.yaml",
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: data\n  namespace: demo\n  uid: 1234\nspec:\n  storageClassName: hostpath\n  accessModes: [ReadWriteOnce]\n  resources:\n    requests:\n      storage: 2Gi\n",
+    );
+    let plugins_dir = plugins.path().to_str().unwrap();
+    let out = wasm_provisioner(&[
+        "provision",
+        "--plugins",
+        plugins_dir,
+        "--class",
+        &class,
+        "--claim",
+        &claim,
+        "--node",
+        "node-1",
+    ]);
+    let pv = text(&out.stdout);
+    assert!(out.status.success(), "{pv}{}", text(&out.stderr));
+    let dir = storage.path().join("pvc-1234");
+    assert!(dir.is_dir(), "the directory exists");
+    for want in [
+        "kind: PersistentVolume",
+        "name: pvc-1234",
+        &format!("pv.kubernetes.io/provisioned-by: {HOSTPATH}"),
+        "storageClassName: hostpath",
+        "storage: 2Gi",
+        "persistentVolumeReclaimPolicy: Delete",
+        "- noatime",
+        "type: DirectoryOrCreate",
+        &format!("path: {}", dir.display()),
+        "- node-1",
+        "uid: '1234'",
+    ] {
+        assert!(pv.contains(want), "missing {want:?} in:\n{pv}");
+    }
+
+    let volume = write(files.path(), "pv.yaml", &pv);
+    let out = wasm_provisioner(&["delete", "--plugins", plugins_dir, "--volume", &volume]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!dir.exists(), "delete removed the directory");
+}
+
+#[test]
+fn provision_reports_guest_errors_and_unserved_classes() {
+    let storage = tempfile::tempdir().unwrap();
+    let plugins = PluginsDir::new();
+    plugins.add(
+        "hostpath",
+        "hostpath",
+        &dir_grant(HOSTPATH, storage.path(), "/volumes", ""),
+    );
+    let files = tempfile::tempdir().unwrap();
+    let claim = write(
+        files.path(),
+        "pvc.yaml",
+        "metadata:\n  name: c\nspec:\n  resources:\n    requests:\n      storage: 1Gi\n",
+    );
+    let bad = write(
+        files.path(),
+        "bad.yaml",
+        &format!(
+            "metadata:\n  name: bad\nprovisioner: {HOSTPATH}\nparameters:\n  archiveOnDelete: maybe\n"
+        ),
+    );
+    let plugins_dir = plugins.path().to_str().unwrap();
+    let out = wasm_provisioner(&[
+        "provision",
+        "--plugins",
+        plugins_dir,
+        "--class",
+        &bad,
+        "--claim",
+        &claim,
+    ]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("final error") && stderr.contains("archiveOnDelete"),
+        "{stderr}"
+    );
+
+    let other = write(
+        files.path(),
+        "other.yaml",
+        "metadata:\n  name: other\nprovisioner: example.com/none\n",
+    );
+    let out = wasm_provisioner(&[
+        "provision",
+        "--plugins",
+        plugins_dir,
+        "--class",
+        &other,
+        "--claim",
+        &claim,
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains(&format!("served: {HOSTPATH}")),
+        "{}",
+        text(&out.stderr)
+    );
+}

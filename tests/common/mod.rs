@@ -1,0 +1,144 @@
+//! Shared test fixtures: real guest `.wasm` files built from `guests/`, plugins directories,
+//! and contract records that read like the spec.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+use wasm_provisioner::wasm::bindings::types::*;
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Path of a guest built from `guests/` (crate name with underscores); builds them once per run.
+pub fn guest_wasm(name: &str) -> PathBuf {
+    static BUILD: Once = Once::new();
+    BUILD.call_once(|| {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--quiet",
+                "--release",
+                "--target",
+                "wasm32-wasip2",
+                "--manifest-path",
+            ])
+            .arg(repo().join("guests/Cargo.toml"))
+            .status()
+            .expect("run cargo to build the guests");
+        assert!(
+            status.success(),
+            "building guests/ for wasm32-wasip2 failed"
+        );
+    });
+    let path = repo()
+        .join("guests/target/wasm32-wasip2/release")
+        .join(format!("{name}.wasm"));
+    assert!(
+        path.exists(),
+        "guest {name} was not built at {}",
+        path.display()
+    );
+    path
+}
+
+/// A temporary plugins directory.
+pub struct PluginsDir {
+    pub dir: tempfile::TempDir,
+}
+
+impl PluginsDir {
+    pub fn new() -> PluginsDir {
+        PluginsDir {
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Copies guest `crate_name` in as `NAME.wasm` with grant file `NAME.toml`.
+    pub fn add(&self, name: &str, crate_name: &str, grant: &str) -> &Self {
+        std::fs::copy(
+            guest_wasm(crate_name),
+            self.path().join(format!("{name}.wasm")),
+        )
+        .expect("copy guest");
+        std::fs::write(self.path().join(format!("{name}.toml")), grant).expect("write grant");
+        self
+    }
+}
+
+/// A grant file for a guest with one read-write directory `storage` seen as `guest_dir`,
+/// hostPath volumes under `storage`, and config telling the guest both paths.
+pub fn dir_grant(provisioner: &str, storage: &Path, guest_dir: &str, extra_limits: &str) -> String {
+    let s = storage.display();
+    format!(
+        r#"provisioner = "{provisioner}"
+[limits]
+call-timeout-ms = 5000
+{extra_limits}
+[[dirs]]
+host = "{s}"
+guest = "{guest_dir}"
+access = "read-write"
+[volumes]
+kinds = ["host-path"]
+path-prefixes = ["{s}"]
+[config]
+guest-dir = "{guest_dir}"
+node-dir = "{s}"
+"#
+    )
+}
+
+pub fn pair(k: &str, v: &str) -> Pair {
+    Pair {
+        key: k.into(),
+        value: v.into(),
+    }
+}
+
+/// A claim record: `claim("c1")` in namespace `ns`, 1 GiB, RWO.
+pub fn claim(name: &str) -> Claim {
+    Claim {
+        namespace: "ns".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        labels: vec![],
+        annotations: vec![],
+        requested_bytes: 1 << 30,
+        limit_bytes: None,
+        access_modes: vec![AccessMode::ReadWriteOnce],
+        volume_mode: VolumeMode::Filesystem,
+        has_selector: false,
+        has_data_source: false,
+    }
+}
+
+/// A class record with parameters.
+pub fn class(provisioner: &str, params: &[(&str, &str)]) -> StorageClass {
+    StorageClass {
+        name: "test".into(),
+        provisioner: provisioner.into(),
+        parameters: params.iter().map(|(k, v)| pair(k, v)).collect(),
+        reclaim_policy: ReclaimPolicy::Delete,
+        mount_options: vec![],
+        binding_mode: BindingMode::Immediate,
+        allowed_topologies: vec![],
+    }
+}
+
+/// A provision request for `claim` with `class`, PV named `pvc-<uid>`.
+pub fn request(claim: Claim, class: StorageClass, config: &str) -> ProvisionRequest {
+    ProvisionRequest {
+        pv_name: format!("pvc-{}", claim.uid),
+        claim,
+        storage_class: class,
+        selected_node: None,
+        config: config.into(),
+    }
+}

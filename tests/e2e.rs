@@ -1,0 +1,719 @@
+//! The controller against a real control plane: etcd + kube-apiserver + kube-controller-manager
+//! (binding, protection), the real `wasm-provisioner` binary, real guests from `guests/`.
+//!
+//! One control plane serves the whole suite; every test gets its own namespace, its own
+//! provisioner name, its own storage directory and its own provisioner process, so tests run
+//! side by side without seeing each other.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use libtest_mimic::{Arguments, Failed, Trial};
+use serde_json::json;
+use wp_harness::{ControlPlane, Process, wait_for};
+
+use common::{PluginsDir, guest_wasm};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// One test's world: namespace, provisioner name, storage, plugins, and the provisioner process.
+struct World {
+    cp: Arc<ControlPlane>,
+    admin: Client,
+    name: String,
+    ns: String,
+    provisioner: String,
+    storage: tempfile::TempDir,
+    plugins: PluginsDir,
+    process: Option<Process>,
+    logs: PathBuf,
+}
+
+impl World {
+    /// A world whose guest is `crate_name` from `guests/`.
+    async fn new(cp: Arc<ControlPlane>, name: &str, crate_name: &str) -> anyhow::Result<World> {
+        let admin = cp.admin_client().await?;
+        let ns = format!("e2e-{name}");
+        let namespaces: Api<Namespace> = Api::all(admin.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+            )
+            .await
+            .with_context(|| format!("create namespace {ns}"))?;
+        let provisioner = format!("e2e.wasm-provisioner.dev/{name}");
+        let storage = tempfile::tempdir()?;
+        let plugins = PluginsDir::new();
+        let (guest_dir, extra) = match crate_name {
+            "hostpath" => ("/volumes", ""),
+            _ => ("/state", ""),
+        };
+        plugins.add(
+            crate_name,
+            crate_name,
+            &common::dir_grant(&provisioner, storage.path(), guest_dir, extra),
+        );
+        let logs = cp.run_dir().join(format!("provisioner-{name}"));
+        Ok(World {
+            cp,
+            admin,
+            name: name.into(),
+            ns,
+            provisioner,
+            storage,
+            plugins,
+            process: None,
+            logs,
+        })
+    }
+
+    /// Starts `wasm-provisioner run` as the provisioner identity (or `kubeconfig`), fast retries.
+    fn start_as(&mut self, kubeconfig: &Path, extra: &[&str]) -> anyhow::Result<()> {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
+        cmd.args(["run", "--plugins"])
+            .arg(self.plugins.path())
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args([
+                "--retry-interval-start",
+                "300ms",
+                "--retry-interval-max",
+                "2s",
+            ])
+            .args([
+                "--create-pv-retry-count",
+                "2",
+                "--create-pv-retry-interval",
+                "200ms",
+            ])
+            .args(["--instance-name", &self.name])
+            .args(extra)
+            .env("RUST_LOG", "info,wasm_provisioner=debug");
+        let n = std::fs::read_dir(self.cp.run_dir())
+            .map(|d| d.count())
+            .unwrap_or(0);
+        self.process = Some(Process::spawn(
+            cmd,
+            self.logs.with_extension(format!("{n}.log")),
+        )?);
+        Ok(())
+    }
+
+    fn start(&mut self, extra: &[&str]) -> anyhow::Result<()> {
+        let kubeconfig = self.cp.provisioner_kubeconfig().to_owned();
+        self.start_as(&kubeconfig, extra)
+    }
+
+    fn log(&self) -> String {
+        self.process.as_ref().map(|p| p.log()).unwrap_or_default()
+    }
+
+    fn class_name(&self, suffix: &str) -> String {
+        format!("{}-{suffix}", self.name)
+    }
+
+    async fn create_class(
+        &self,
+        suffix: &str,
+        params: &[(&str, &str)],
+        reclaim: &str,
+    ) -> anyhow::Result<String> {
+        let name = self.class_name(suffix);
+        let params: BTreeMap<&str, &str> = params.iter().copied().collect();
+        let class: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "provisioner": self.provisioner,
+            "parameters": params,
+            "reclaimPolicy": reclaim,
+            "volumeBindingMode": "Immediate",
+        }))?;
+        Api::<StorageClass>::all(self.admin.clone())
+            .create(&PostParams::default(), &class)
+            .await?;
+        Ok(name)
+    }
+
+    async fn create_claim(&self, name: &str, class: &str) -> anyhow::Result<PersistentVolumeClaim> {
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {
+                "storageClassName": class,
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            }
+        }))?;
+        Ok(self.claims().create(&PostParams::default(), &claim).await?)
+    }
+
+    fn claims(&self) -> Api<PersistentVolumeClaim> {
+        Api::namespaced(self.admin.clone(), &self.ns)
+    }
+
+    fn pvs(&self) -> Api<PersistentVolume> {
+        Api::all(self.admin.clone())
+    }
+
+    /// Waits until the claim is Bound and returns its PV.
+    async fn wait_bound(&self, claim: &str) -> anyhow::Result<PersistentVolume> {
+        let claims = self.claims();
+        let pvs = self.pvs();
+        let volume = wait_for(&format!("claim {claim} Bound"), WAIT, || async {
+            let c = claims.get(claim).await?;
+            let phase = c.status.as_ref().and_then(|s| s.phase.clone());
+            Ok((phase.as_deref() == Some("Bound"))
+                .then(|| c.spec.and_then(|s| s.volume_name))
+                .flatten())
+        })
+        .await
+        .with_context(|| self.log())?;
+        Ok(pvs.get(&volume).await?)
+    }
+
+    async fn wait_pv_gone(&self, pv: &str) -> anyhow::Result<()> {
+        let pvs = self.pvs();
+        wait_for(&format!("PV {pv} deleted"), WAIT, || async {
+            Ok(pvs.get_opt(pv).await?.is_none().then_some(()))
+        })
+        .await
+        .with_context(|| self.log())
+    }
+
+    async fn wait_claim_gone(&self, claim: &str) -> anyhow::Result<()> {
+        let claims = self.claims();
+        wait_for(&format!("claim {claim} deleted"), WAIT, || async {
+            Ok(claims.get_opt(claim).await?.is_none().then_some(()))
+        })
+        .await
+        .with_context(|| self.log())
+    }
+
+    /// (reason, message) of every event about the object with this UID.
+    async fn events(&self, uid: &str) -> anyhow::Result<Vec<(String, String)>> {
+        let events: Api<Event> = Api::all(self.admin.clone());
+        let list = events
+            .list(&ListParams::default().fields(&format!("involvedObject.uid={uid}")))
+            .await?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+            .collect())
+    }
+
+    async fn wait_event(&self, uid: &str, reason: &str) -> anyhow::Result<String> {
+        wait_for(&format!("event {reason}"), WAIT, || async {
+            Ok(self
+                .events(uid)
+                .await?
+                .into_iter()
+                .find(|(r, _)| r == reason)
+                .map(|(_, m)| m))
+        })
+        .await
+        .with_context(|| self.log())
+    }
+
+    /// Lines of the scripted guest's call log.
+    fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.storage.path().join("calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn storage_of(&self, pv_name: &str) -> PathBuf {
+        self.storage.path().join(pv_name)
+    }
+}
+
+fn uid(claim: &PersistentVolumeClaim) -> String {
+    claim.metadata.uid.clone().unwrap_or_default()
+}
+
+async fn provision_binds_claim_with_the_right_fields(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "bind", "hostpath").await?;
+    w.start(&[])?;
+    let class = w.create_class("fast", &[], "Delete").await?;
+    let claim = w.create_claim("data", &class).await?;
+    let pv = w.wait_bound("data").await?;
+    let spec = pv.spec.clone().unwrap();
+    let expected_name = format!("pvc-{}", uid(&claim));
+    ensure!(pv.name_any() == expected_name, "PV name {}", pv.name_any());
+    ensure!(pv.annotations().get("pv.kubernetes.io/provisioned-by") == Some(&w.provisioner));
+    ensure!(spec.storage_class_name.as_deref() == Some(class.as_str()));
+    ensure!(spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete"));
+    ensure!(spec.capacity.unwrap()["storage"].0 == "1Gi");
+    ensure!(spec.access_modes.unwrap() == vec!["ReadWriteOnce".to_string()]);
+    let claim_ref = spec.claim_ref.unwrap();
+    ensure!(
+        claim_ref.uid == claim.metadata.uid
+            && claim_ref.namespace.as_deref() == Some(w.ns.as_str())
+    );
+    let path = spec.host_path.unwrap().path;
+    ensure!(
+        Path::new(&path) == w.storage_of(&expected_name),
+        "hostPath {path}"
+    );
+    ensure!(Path::new(&path).is_dir(), "directory created");
+    let live = w.claims().get("data").await?;
+    ensure!(
+        !live
+            .finalizers()
+            .iter()
+            .any(|f| f == "wasm-provisioner.dev/provisioning"),
+        "our finalizer is removed once the PV exists: {:?}",
+        live.finalizers()
+    );
+    let reasons: Vec<String> = w
+        .events(&uid(&claim))
+        .await?
+        .into_iter()
+        .map(|(r, _)| r)
+        .collect();
+    ensure!(
+        reasons.contains(&"Provisioning".into())
+            && reasons.contains(&"ProvisioningSucceeded".into()),
+        "{reasons:?}"
+    );
+    Ok(())
+}
+
+async fn deleting_the_claim_deletes_pv_and_storage(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "delete", "hostpath").await?;
+    w.start(&[])?;
+    let class = w.create_class("fast", &[], "Delete").await?;
+    w.create_claim("data", &class).await?;
+    let pv = w.wait_bound("data").await?;
+    let dir = w.storage_of(&pv.name_any());
+    ensure!(dir.is_dir());
+    w.claims().delete("data", &DeleteParams::default()).await?;
+    w.wait_pv_gone(&pv.name_any()).await?;
+    ensure!(!dir.exists(), "storage deleted with the PV");
+    Ok(())
+}
+
+async fn retain_keeps_the_released_pv_and_storage(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "retain", "hostpath").await?;
+    w.start(&[])?;
+    let class = w.create_class("keep", &[], "Retain").await?;
+    w.create_claim("data", &class).await?;
+    let pv = w.wait_bound("data").await?;
+    w.claims().delete("data", &DeleteParams::default()).await?;
+    let pvs = w.pvs();
+    let name = pv.name_any();
+    wait_for("PV Released", WAIT, || async {
+        let p = pvs.get(&name).await?;
+        Ok((p.status.and_then(|s| s.phase).as_deref() == Some("Released")).then_some(()))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(pvs.get_opt(&name).await?.is_some(), "Retain keeps the PV");
+    ensure!(w.storage_of(&name).is_dir(), "Retain keeps the storage");
+    Ok(())
+}
+
+async fn a_class_created_after_its_claim_is_provisioned_once(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "late-class", "scripted").await?;
+    w.start(&[])?;
+    let class = w.class_name("late");
+    let claim = w.create_claim("data", &class).await?;
+    w.wait_event(&uid(&claim), "ProvisioningFailed")
+        .await
+        .context("missing class is reported")?;
+    w.create_class("late", &[], "Delete").await?;
+    let pv = w.wait_bound("data").await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let provisions = w
+        .calls()
+        .iter()
+        .filter(|l| l.starts_with("provision "))
+        .count();
+    ensure!(
+        provisions == 1,
+        "guest called {provisions} times: {:?}",
+        w.calls()
+    );
+    ensure!(pv.name_any() == format!("pvc-{}", uid(&claim)));
+    Ok(())
+}
+
+async fn final_failures_stop_at_the_threshold_even_across_resyncs(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "give-up", "scripted").await?;
+    w.start(&["--failed-provision-threshold", "3", "--resync-period", "1s"])?;
+    let class = w
+        .create_class("broken", &[("fail", "final")], "Delete")
+        .await?;
+    let claim = w.create_claim("data", &class).await?;
+    let failed = w.wait_event(&uid(&claim), "ProvisioningFailed").await?;
+    ensure!(failed.contains("final error"), "{failed}");
+    let given_up = w.wait_event(&uid(&claim), "ProvisioningGivenUp").await?;
+    ensure!(given_up.contains("3 failed attempts"), "{given_up}");
+    let calls = w.calls().len();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    ensure!(calls == 3, "three attempts before giving up, saw {calls}");
+    ensure!(
+        w.calls().len() == calls,
+        "no calls after giving up, across five resyncs: {:?}",
+        w.calls()
+    );
+    let live = w.claims().get("data").await?;
+    ensure!(live.spec.unwrap().volume_name.is_none());
+    Ok(())
+}
+
+async fn transient_failures_are_retried_until_success(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "transient", "scripted").await?;
+    w.start(&["--failed-provision-threshold", "2"])?;
+    let class = w
+        .create_class(
+            "flaky",
+            &[("fail", "transient"), ("failTimes", "3")],
+            "Delete",
+        )
+        .await?;
+    let claim = w.create_claim("data", &class).await?;
+    w.wait_bound("data").await?;
+    let provisions = w
+        .calls()
+        .iter()
+        .filter(|l| l.starts_with("provision "))
+        .count();
+    ensure!(
+        provisions == 4,
+        "3 transient failures then success, saw {provisions}"
+    );
+    let reasons: Vec<String> = w
+        .events(&uid(&claim))
+        .await?
+        .into_iter()
+        .map(|(r, _)| r)
+        .collect();
+    ensure!(
+        !reasons.contains(&"ProvisioningGivenUp".into()),
+        "transient errors do not count: {reasons:?}"
+    );
+    Ok(())
+}
+
+async fn a_denied_pv_create_cleans_up_the_storage(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let mut w = World::new(cp.clone(), "denied", "scripted").await?;
+    // The identity gets everything the provisioner needs except creating PVs.
+    let roles: Api<ClusterRole> = Api::all(w.admin.clone());
+    let mut role: ClusterRole = roles.get("wasm-provisioner").await?;
+    role.metadata = serde_json::from_value(json!({"name": "e2e-no-pv-create"}))?;
+    for rule in role.rules.iter_mut().flatten() {
+        if rule
+            .resources
+            .iter()
+            .flatten()
+            .any(|r| r == "persistentvolumes")
+        {
+            rule.verbs.retain(|v| v != "create");
+        }
+    }
+    roles.create(&PostParams::default(), &role).await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "e2e-no-pv-create"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "e2e-no-pv-create"},
+        "subjects": [{"kind": "User", "name": cp.restricted_user(1), "apiGroup": "rbac.authorization.k8s.io"}],
+    }))?;
+    Api::<ClusterRoleBinding>::all(w.admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await?;
+    let kubeconfig = cp.restricted_kubeconfig(1).to_owned();
+    w.start_as(&kubeconfig, &["--failed-provision-threshold", "1"])?;
+    let class = w.create_class("denied", &[], "Delete").await?;
+    let claim = w.create_claim("data", &class).await?;
+    let message = wait_for("PV-save failure event", WAIT, || async {
+        Ok(w.events(&uid(&claim))
+            .await?
+            .into_iter()
+            .find(|(r, m)| {
+                r == "ProvisioningFailed" && m.contains("Error creating provisioned PV object")
+            })
+            .map(|(_, m)| m))
+    })
+    .await
+    .with_context(|| w.log())?;
+    ensure!(
+        message.contains("forbidden") || message.contains("Forbidden"),
+        "{message}"
+    );
+    let pv = format!("pvc-{}", uid(&claim));
+    wait_for("storage cleaned up", WAIT, || async {
+        Ok((!w.storage_of(&pv).exists()).then_some(()))
+    })
+    .await?;
+    ensure!(
+        w.calls().iter().any(|l| l == &format!("delete {pv}")),
+        "the guest was asked to delete: {:?}",
+        w.calls()
+    );
+    ensure!(w.pvs().get_opt(&pv).await?.is_none());
+    Ok(())
+}
+
+async fn a_claim_deleted_while_the_guest_works_leaves_nothing(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "deleted-mid", "scripted").await?;
+    w.start(&[])?;
+    let class = w
+        .create_class("slow", &[("delayMs", "3000")], "Delete")
+        .await?;
+    let claim = w.create_claim("data", &class).await?;
+    let pv = format!("pvc-{}", uid(&claim));
+    let marker = w.storage.path().join(format!("{pv}.started"));
+    wait_for("guest started", WAIT, || async {
+        Ok(marker.exists().then_some(()))
+    })
+    .await
+    .with_context(|| w.log())?;
+    w.claims().delete("data", &DeleteParams::default()).await?;
+    w.wait_claim_gone("data").await?;
+    ensure!(!w.storage_of(&pv).exists(), "no orphaned storage");
+    ensure!(
+        w.pvs().get_opt(&pv).await?.is_none(),
+        "no PV for a deleted claim"
+    );
+    Ok(())
+}
+
+async fn killed_between_guest_and_pv_create_ends_with_one_pv(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "killed", "scripted").await?;
+    w.start(&[])?;
+    // The guest creates the storage, then lingers: killing it now is the same as killing the
+    // controller after the guest returned and before the PV was created.
+    let class = w
+        .create_class("slow", &[("delayMs", "4000")], "Delete")
+        .await?;
+    let claim = w.create_claim("data", &class).await?;
+    let pv = format!("pvc-{}", uid(&claim));
+    let marker = w.storage.path().join(format!("{pv}.started"));
+    wait_for("guest started", WAIT, || async {
+        Ok(marker.exists().then_some(()))
+    })
+    .await
+    .with_context(|| w.log())?;
+    ensure!(w.storage_of(&pv).is_dir(), "storage exists before the PV");
+    w.process.as_mut().unwrap().kill();
+    w.start(&[])?;
+    let bound = w.wait_bound("data").await?;
+    ensure!(bound.name_any() == pv);
+    let ours: Vec<String> = w
+        .pvs()
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.claim_ref.as_ref())
+                .and_then(|r| r.uid.clone())
+                == claim.metadata.uid
+        })
+        .map(|p| p.name_any())
+        .collect();
+    ensure!(ours == vec![pv.clone()], "exactly one PV: {ours:?}");
+    Ok(())
+}
+
+async fn killed_then_claim_deleted_while_down_leaves_no_storage(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "killed-deleted", "scripted").await?;
+    w.start(&[])?;
+    let class = w
+        .create_class("slow", &[("delayMs", "4000")], "Delete")
+        .await?;
+    let claim = w.create_claim("data", &class).await?;
+    let pv = format!("pvc-{}", uid(&claim));
+    let marker = w.storage.path().join(format!("{pv}.started"));
+    wait_for("guest started", WAIT, || async {
+        Ok(marker.exists().then_some(()))
+    })
+    .await
+    .with_context(|| w.log())?;
+    w.process.as_mut().unwrap().kill();
+    w.claims().delete("data", &DeleteParams::default()).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ensure!(
+        w.claims().get_opt("data").await?.is_some(),
+        "our finalizer holds the claim while nobody cleans up"
+    );
+    w.start(&[])?;
+    w.wait_claim_gone("data").await?;
+    ensure!(
+        !w.storage_of(&pv).exists(),
+        "the restarted controller deleted the storage"
+    );
+    ensure!(w.pvs().get_opt(&pv).await?.is_none());
+    Ok(())
+}
+
+async fn claims_with_the_same_name_over_time_get_their_own_volumes(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "same-name", "scripted").await?;
+    w.start(&[])?;
+    let class = w.create_class("c", &[], "Delete").await?;
+    let first = w.create_claim("data", &class).await?;
+    let pv1 = w.wait_bound("data").await?;
+    w.claims().delete("data", &DeleteParams::default()).await?;
+    w.wait_claim_gone("data").await?;
+    w.wait_pv_gone(&pv1.name_any()).await?;
+    let second = w.create_claim("data", &class).await?;
+    let pv2 = w.wait_bound("data").await?;
+    ensure!(first.metadata.uid != second.metadata.uid);
+    ensure!(
+        pv2.name_any() == format!("pvc-{}", uid(&second)),
+        "new PV for the new claim"
+    );
+    ensure!(!w.storage_of(&pv1.name_any()).exists() && w.storage_of(&pv2.name_any()).is_dir());
+    Ok(())
+}
+
+async fn claims_for_other_provisioners_are_never_touched(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "other", "scripted").await?;
+    w.start(&[])?;
+    let class: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": "e2e-other-foreign"},
+        "provisioner": "example.com/someone-else",
+    }))?;
+    Api::<StorageClass>::all(w.admin.clone())
+        .create(&PostParams::default(), &class)
+        .await?;
+    let claim = w.create_claim("data", "e2e-other-foreign").await?;
+    // Make sure our provisioner is up and working, then look at the foreign claim.
+    let ours = w.create_class("ours", &[], "Delete").await?;
+    w.create_claim("mine", &ours).await?;
+    w.wait_bound("mine").await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let live = w.claims().get("data").await?;
+    ensure!(live.spec.unwrap().volume_name.is_none());
+    ensure!(
+        live.finalizers()
+            .iter()
+            .all(|f| !f.starts_with("wasm-provisioner")),
+        "{:?}",
+        live.finalizers()
+    );
+    let reasons: Vec<String> = w
+        .events(&uid(&claim))
+        .await?
+        .into_iter()
+        .map(|(r, _)| r)
+        .collect();
+    ensure!(
+        !reasons.iter().any(|r| r.starts_with("Provisioning")),
+        "{reasons:?}"
+    );
+    ensure!(
+        w.calls().iter().all(|l| !l.contains(&uid(&claim))),
+        "guest never called for it"
+    );
+    Ok(())
+}
+
+type TestFn = fn(
+    Arc<ControlPlane>,
+)
+    -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;
+
+macro_rules! tests {
+    ($($name:ident),* $(,)?) => {
+        vec![$((stringify!($name), (|cp| Box::pin($name(cp))) as TestFn)),*]
+    };
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Arguments::from_args();
+    let tests: Vec<(&str, TestFn)> = tests![
+        provision_binds_claim_with_the_right_fields,
+        deleting_the_claim_deletes_pv_and_storage,
+        retain_keeps_the_released_pv_and_storage,
+        a_class_created_after_its_claim_is_provisioned_once,
+        final_failures_stop_at_the_threshold_even_across_resyncs,
+        transient_failures_are_retried_until_success,
+        a_denied_pv_create_cleans_up_the_storage,
+        a_claim_deleted_while_the_guest_works_leaves_nothing,
+        killed_between_guest_and_pv_create_ends_with_one_pv,
+        killed_then_claim_deleted_while_down_leaves_no_storage,
+        claims_with_the_same_name_over_time_get_their_own_volumes,
+        claims_for_other_provisioners_are_never_touched,
+    ];
+    let selected: Vec<_> = tests
+        .iter()
+        .filter(|(name, _)| args.filter.as_deref().is_none_or(|f| name.contains(f)))
+        .collect();
+    if args.list || selected.is_empty() {
+        let trials = tests
+            .iter()
+            .map(|(name, _)| Trial::test(*name, || Ok(())))
+            .collect();
+        return libtest_mimic::run(&args, trials).exit_code();
+    }
+    guest_wasm("hostpath");
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let cp = match runtime.block_on(ControlPlane::start()) {
+        Ok(cp) => Arc::new(cp),
+        Err(error) => {
+            eprintln!("cannot start the control plane: {error:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let trials = tests
+        .into_iter()
+        .map(|(name, test)| {
+            let cp = cp.clone();
+            Trial::test(name, move || {
+                let runtime =
+                    tokio::runtime::Runtime::new().map_err(|e| Failed::from(e.to_string()))?;
+                runtime
+                    .block_on(async move {
+                        tokio::time::timeout(Duration::from_secs(180), test(cp)).await
+                    })
+                    .map_err(|_| Failed::from("timed out after 180 s"))?
+                    .map_err(|e| Failed::from(format!("{e:#}")))
+            })
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    drop(cp);
+    if conclusion.has_failed() {
+        bail_keep_run_dir();
+    }
+    conclusion.exit_code()
+}
+
+fn bail_keep_run_dir() {
+    eprintln!(
+        "some end-to-end tests failed; provisioner and control-plane logs are in the run directory (set WP_KEEP_RUN_DIR=1 to keep it)"
+    );
+}
+
+#[allow(dead_code)]
+fn unused() -> anyhow::Result<()> {
+    bail!("unused")
+}

@@ -1,0 +1,414 @@
+//! Guests loaded in-process through the host: the real `.wasm` files built from `guests/`,
+//! real grant files, real WASI preopens. No cluster.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use wasm_provisioner::wasm::bindings::types::{DeleteRequest, ProvisionError, VolumeSource};
+use wasm_provisioner::wasm::convert::{self, PvIdentity};
+use wasm_provisioner::wasm::{CallError, FaultKind, Guest, Plugins, WasmEngine, load_dir};
+
+const HOSTPATH: &str = "test.wasm-provisioner.dev/hostpath";
+const SCRIPTED: &str = "test.wasm-provisioner.dev/scripted";
+const ESCAPE: &str = "test.wasm-provisioner.dev/escape";
+
+struct Fixture {
+    _plugins: PluginsDir,
+    storage: tempfile::TempDir,
+    loaded: Plugins,
+}
+
+impl Fixture {
+    /// Loads guest `crate_name` serving `provisioner`, with a fresh storage directory.
+    fn new(crate_name: &str, provisioner: &str, guest_dir: &str, extra_limits: &str) -> Fixture {
+        let storage = tempfile::tempdir().unwrap();
+        let plugins = PluginsDir::new();
+        plugins.add(
+            crate_name,
+            crate_name,
+            &dir_grant(provisioner, storage.path(), guest_dir, extra_limits),
+        );
+        let loaded = load_dir(&WasmEngine::new().unwrap(), plugins.path()).unwrap();
+        assert!(loaded.problems.is_empty(), "{:?}", loaded.problems);
+        Fixture {
+            _plugins: plugins,
+            storage,
+            loaded,
+        }
+    }
+
+    fn guest(&self, provisioner: &str) -> Arc<Guest> {
+        self.loaded.for_provisioner(provisioner).unwrap().clone()
+    }
+
+    fn config(&self, provisioner: &str) -> String {
+        self.guest(provisioner).grants().config_json.clone()
+    }
+}
+
+fn host_path_of(source: &VolumeSource) -> String {
+    match source {
+        VolumeSource::HostPath(h) => h.path.clone(),
+        other => panic!("expected hostPath, got {other:?}"),
+    }
+}
+
+/// The PV the controller would create, as the contract record `delete` gets.
+fn as_volume(
+    req: &wasm_provisioner::wasm::bindings::types::ProvisionRequest,
+    built: &wasm_provisioner::wasm::spec::BuiltVolume,
+) -> wasm_provisioner::wasm::bindings::types::Volume {
+    let pvc = k8s_openapi::api::core::v1::PersistentVolumeClaim {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(req.claim.name.clone()),
+            namespace: Some(req.claim.namespace.clone()),
+            uid: Some(req.claim.uid.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let class = k8s_openapi::api::storage::v1::StorageClass {
+        provisioner: req.storage_class.provisioner.clone(),
+        ..Default::default()
+    };
+    let pv = convert::persistent_volume(
+        &PvIdentity {
+            name: &req.pv_name,
+            claim: &pvc,
+            class: &class,
+            class_name: "test",
+        },
+        built,
+    );
+    convert::volume(&pv).unwrap()
+}
+
+#[tokio::test]
+async fn hostpath_provisions_a_directory_idempotently_and_deletes_it() {
+    let f = Fixture::new("hostpath", HOSTPATH, "/volumes", "");
+    let guest = f.guest(HOSTPATH);
+    let req = request(claim("c1"), class(HOSTPATH, &[]), &f.config(HOSTPATH));
+    let built = guest.provision(&req).await.expect("provision");
+    let dir = f.storage.path().join("pvc-uid-c1");
+    assert!(dir.is_dir(), "the guest created {}", dir.display());
+    assert_eq!(host_path_of(&built.source), dir.display().to_string());
+    assert_eq!(built.capacity, Some(1 << 30));
+
+    let again = guest.provision(&req).await.expect("second provision");
+    assert_eq!(again, built, "provision is idempotent for a PV name");
+    assert_eq!(std::fs::read_dir(f.storage.path()).unwrap().count(), 1);
+
+    let delete = DeleteRequest {
+        volume: as_volume(&req, &built),
+        storage_class: None,
+        config: f.config(HOSTPATH),
+    };
+    guest.delete(&delete).await.expect("delete");
+    assert!(!dir.exists(), "delete removed the directory");
+    guest
+        .delete(&delete)
+        .await
+        .expect("deleting what is gone is success");
+}
+
+#[tokio::test]
+async fn hostpath_archives_on_delete_and_follows_path_patterns() {
+    let f = Fixture::new("hostpath", HOSTPATH, "/volumes", "");
+    let guest = f.guest(HOSTPATH);
+    let params = [
+        ("archiveOnDelete", "true"),
+        ("pathPattern", "${pvc.namespace}-${pvc.name}"),
+    ];
+    let req = request(claim("data"), class(HOSTPATH, &params), &f.config(HOSTPATH));
+    let built = guest.provision(&req).await.expect("provision");
+    assert!(f.storage.path().join("ns-data").is_dir());
+    let delete = DeleteRequest {
+        volume: as_volume(&req, &built),
+        storage_class: None,
+        config: f.config(HOSTPATH),
+    };
+    guest.delete(&delete).await.expect("delete");
+    assert!(!f.storage.path().join("ns-data").exists());
+    assert!(
+        f.storage.path().join("archived-ns-data").is_dir(),
+        "archived, not deleted"
+    );
+}
+
+#[tokio::test]
+async fn hostpath_reports_bad_parameters_as_final_errors() {
+    let f = Fixture::new("hostpath", HOSTPATH, "/volumes", "");
+    let guest = f.guest(HOSTPATH);
+    for params in [
+        [("archiveOnDelete", "maybe")],
+        [("pathPattern", "../${pvc.name}")],
+    ] {
+        let req = request(claim("c"), class(HOSTPATH, &params), &f.config(HOSTPATH));
+        match guest.provision(&req).await {
+            Err(CallError::Guest {
+                error: ProvisionError::Final(m),
+                ..
+            }) => assert!(m.contains(params[0].0), "{m}"),
+            other => panic!("expected a final error for {params:?}, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        std::fs::read_dir(f.storage.path()).unwrap().count(),
+        0,
+        "nothing created"
+    );
+}
+
+#[tokio::test]
+async fn host_path_outside_the_granted_prefix_is_refused_when_built() {
+    let f = Fixture::new("scripted", SCRIPTED, "/state", "");
+    let guest = f.guest(SCRIPTED);
+    let req = request(
+        claim("c"),
+        class(SCRIPTED, &[("hostPath", "/etc")]),
+        &f.config(SCRIPTED),
+    );
+    match guest.provision(&req).await {
+        Err(CallError::Guest {
+            error: ProvisionError::Final(m),
+            ..
+        }) => {
+            assert!(m.contains("outside the granted prefixes"), "{m}")
+        }
+        other => panic!("expected the builder to refuse /etc, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn escape_attempts_stay_inside_the_preopen() {
+    let f = Fixture::new("escape", ESCAPE, "/state", "");
+    let guest = f.guest(ESCAPE);
+    let outside = f.storage.path().parent().unwrap().join("escaped.txt");
+    for attempt in ["dotdot", "symlink"] {
+        let req = request(
+            claim(attempt),
+            class(ESCAPE, &[("attempt", attempt)]),
+            &f.config(ESCAPE),
+        );
+        match guest.provision(&req).await {
+            Err(CallError::Guest {
+                error: ProvisionError::Final(m),
+                ..
+            }) => {
+                assert!(m.starts_with("contained"), "{attempt}: {m}")
+            }
+            other => panic!("{attempt}: expected containment, got {other:?}"),
+        }
+    }
+    assert!(
+        !outside.exists(),
+        "nothing written next to the granted directory"
+    );
+    assert!(!std::path::Path::new("/escaped-abs.txt").exists());
+    for attempt in ["host-path-outside", "source-not-granted"] {
+        let req = request(
+            claim(attempt),
+            class(ESCAPE, &[("attempt", attempt)]),
+            &f.config(ESCAPE),
+        );
+        match guest.provision(&req).await {
+            Err(CallError::Guest {
+                error: ProvisionError::Final(m),
+                ..
+            }) => {
+                assert!(
+                    m.contains("refused")
+                        && (m.contains("not granted") || m.contains("outside the granted")),
+                    "{attempt}: {m}"
+                )
+            }
+            other => panic!("{attempt}: expected a refusal, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn typed_errors_and_faults_are_distinct() {
+    let f = Fixture::new("scripted", SCRIPTED, "/state", "");
+    let guest = f.guest(SCRIPTED);
+    let cases = [
+        ("final", "final"),
+        ("transient", "transient"),
+        ("reschedule", "reschedule"),
+        ("in-background", "in-background"),
+        ("ignored", "ignored"),
+    ];
+    for (i, (fail, want)) in cases.iter().enumerate() {
+        let req = request(
+            claim(&format!("c{i}")),
+            class(SCRIPTED, &[("fail", fail)]),
+            &f.config(SCRIPTED),
+        );
+        let error = guest.provision(&req).await.expect_err(fail);
+        let got = match &error {
+            CallError::Guest {
+                error: ProvisionError::Final(_),
+                ..
+            } => "final",
+            CallError::Guest {
+                error: ProvisionError::Transient(_),
+                ..
+            } => "transient",
+            CallError::Guest {
+                error: ProvisionError::Reschedule(_),
+                ..
+            } => "reschedule",
+            CallError::Guest {
+                error: ProvisionError::InBackground(_),
+                ..
+            } => "in-background",
+            CallError::Guest {
+                error: ProvisionError::Ignored(_),
+                ..
+            } => "ignored",
+            other => panic!("{fail}: {other:?}"),
+        };
+        assert_eq!(got, *want);
+    }
+    let req = request(
+        claim("trap"),
+        class(SCRIPTED, &[("fail", "trap")]),
+        &f.config(SCRIPTED),
+    );
+    match guest.provision(&req).await {
+        Err(CallError::Fault {
+            kind: FaultKind::Panic,
+            message,
+            ..
+        }) => assert!(message.contains("panicked"), "{message}"),
+        other => panic!("expected a panic fault, got {other:?}"),
+    }
+    // The guest still serves after a trap: every call has a fresh instance.
+    let ok = request(claim("after"), class(SCRIPTED, &[]), &f.config(SCRIPTED));
+    guest
+        .provision(&ok)
+        .await
+        .expect("a trap does not poison the guest");
+}
+
+#[tokio::test]
+async fn a_runaway_guest_hits_its_deadline() {
+    let f = Fixture::new("scripted", SCRIPTED, "/state", "");
+    // The fixture's grant gives 5 s; an infinite loop must end there, not hang the test.
+    let guest = f.guest(SCRIPTED);
+    let req = request(
+        claim("spin"),
+        class(SCRIPTED, &[("spinForever", "true")]),
+        &f.config(SCRIPTED),
+    );
+    let started = std::time::Instant::now();
+    match guest.provision(&req).await {
+        Err(CallError::Fault {
+            kind: FaultKind::Deadline,
+            ..
+        }) => {}
+        other => panic!("expected a deadline fault, got {other:?}"),
+    }
+    println!("runaway guest stopped after {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn hooks_default_when_absent_and_run_when_present() {
+    let h = Fixture::new("hostpath", HOSTPATH, "/volumes", "");
+    let hostpath = h.guest(HOSTPATH);
+    assert!(hostpath.contract().hooks.is_empty());
+    assert!(
+        !hostpath.supports_block().await.unwrap(),
+        "no block hook: no block"
+    );
+    assert!(
+        hostpath
+            .should_provision(&claim("c"), &class(HOSTPATH, &[]))
+            .await
+            .unwrap()
+    );
+
+    let s = Fixture::new("scripted", SCRIPTED, "/state", "");
+    let scripted = s.guest(SCRIPTED);
+    assert_eq!(scripted.contract().hooks.len(), 3);
+    assert!(scripted.supports_block().await.unwrap());
+    let mut skipped = claim("c");
+    skipped
+        .annotations
+        .push(pair("scripted.wasm-provisioner.dev/skip", "true"));
+    assert!(
+        !scripted
+            .should_provision(&skipped, &class(SCRIPTED, &[]))
+            .await
+            .unwrap()
+    );
+    assert!(
+        scripted
+            .should_provision(&claim("d"), &class(SCRIPTED, &[]))
+            .await
+            .unwrap()
+    );
+}
+
+#[tokio::test]
+async fn bad_files_are_reported_and_the_others_still_load() {
+    let storage = tempfile::tempdir().unwrap();
+    let plugins = PluginsDir::new();
+    plugins.add(
+        "good",
+        "hostpath",
+        &dir_grant(HOSTPATH, storage.path(), "/volumes", ""),
+    );
+    std::fs::write(
+        plugins.path().join("garbage.wasm"),
+        b"\0asm this is not a component",
+    )
+    .unwrap();
+    std::fs::write(
+        plugins.path().join("garbage.toml"),
+        "provisioner = \"x/garbage\"",
+    )
+    .unwrap();
+    std::fs::copy(guest_wasm("hostpath"), plugins.path().join("nogrant.wasm")).unwrap();
+    plugins.add("old", "contract_v2", "provisioner = \"x/v2\"");
+    plugins.add(
+        "badgrant",
+        "hostpath",
+        "provisioner = \"x/y\"\nnetwork = true",
+    );
+    plugins.add("twin-a", "scripted", "provisioner = \"x/twin\"");
+    plugins.add("twin-b", "scripted", "provisioner = \"x/twin\"");
+
+    let loaded = load_dir(&WasmEngine::new().unwrap(), plugins.path()).unwrap();
+    assert!(loaded.serves(HOSTPATH), "the good guest serves");
+    assert_eq!(loaded.len(), 1, "only the good guest serves");
+    let problem = |file: &str| {
+        loaded
+            .problems
+            .iter()
+            .find(|p| p.file.file_name().unwrap() == file)
+            .unwrap_or_else(|| panic!("no problem reported for {file}: {:?}", loaded.problems))
+            .reason
+            .clone()
+    };
+    assert!(
+        problem("garbage.wasm").contains("does not compile"),
+        "{}",
+        problem("garbage.wasm")
+    );
+    assert!(problem("nogrant.wasm").contains("no grant file"));
+    let old = problem("old.wasm");
+    assert!(
+        old.contains("@0.2.0") && old.contains("@0.1.0") && old.contains("rebuild"),
+        "{old}"
+    );
+    assert!(problem("badgrant.toml").contains("network"));
+    let twin = problem("twin-a.wasm");
+    assert!(
+        twin.contains("twin-a.wasm") && twin.contains("twin-b.wasm"),
+        "{twin}"
+    );
+    assert!(problem("twin-b.wasm").contains("claimed by more than one guest"));
+}

@@ -1,0 +1,31 @@
+//! A real, local Kubernetes control plane for end-to-end tests and the demo.
+//!
+//! ```text
+//!  ControlPlane::start()
+//!    ├─ etcd                      127.0.0.1:<free>, data dir on tmpfs when available
+//!    ├─ kube-apiserver            https://127.0.0.1:<free>, token auth, RBAC
+//!    ├─ kube-controller-manager   PV binder, PV/PVC protection, namespace, GC
+//!    └─ apply deploy/rbac.yaml    (as admin)  ──▶  provisioner identity has exactly that RBAC
+//!
+//!  run dir (temp): tokens.csv, *.kubeconfig, sa.key, certs/, etcd.log, kube-apiserver.log, ...
+//! ```
+//!
+//! Every process gets fresh loopback ports and is stopped by PID when the [`ControlPlane`] is
+//! stopped or dropped. Set `WP_KUBECONFIG` to attach to an existing cluster instead, and
+//! `WP_KEEP_RUN_DIR=1` to keep the run dir of a failed run for inspection.
+
+mod apply;
+mod binaries;
+mod control_plane;
+mod identity;
+mod ports;
+mod process;
+mod wait;
+
+pub use apply::{RBAC_YAML, apply_yaml};
+pub use binaries::{BIN_DIR_ENV, Binaries, default_bin_dir};
+pub use control_plane::{
+    ATTACH_KUBECONFIG_ENV, ControlPlane, KEEP_RUN_DIR_ENV, RESTRICTED_IDENTITIES,
+};
+pub use process::Process;
+pub use wait::wait_for;

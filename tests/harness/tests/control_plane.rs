@@ -1,0 +1,124 @@
+//! The harness starts a working control plane: the PV binder of kube-controller-manager runs, and
+//! the provisioner identity has exactly the RBAC of `deploy/rbac.yaml`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{
+    Namespace, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, Secret,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use wp_harness::{ControlPlane, wait_for};
+
+const TEST_PROVISIONER: &str = "example.com/test";
+const PROVISIONER_ANNOTATION: &str = "volume.beta.kubernetes.io/storage-provisioner";
+
+#[tokio::test]
+async fn control_plane_binds_claims_to_external_provisioners_and_enforces_rbac() {
+    let control_plane = ControlPlane::start().await.expect("control plane starts");
+    let admin = control_plane.admin_client().await.unwrap();
+
+    let namespace = Namespace {
+        metadata: named("harness-test"),
+        ..Default::default()
+    };
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+
+    let class = StorageClass {
+        metadata: named("test-class"),
+        provisioner: TEST_PROVISIONER.into(),
+        volume_binding_mode: Some("Immediate".into()),
+        ..Default::default()
+    };
+    Api::<StorageClass>::all(admin.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap();
+
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "harness-test");
+    let claim = PersistentVolumeClaim {
+        metadata: named("claim"),
+        spec: Some(PersistentVolumeClaimSpec {
+            storage_class_name: Some("test-class".into()),
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([("storage".into(), Quantity("1Gi".into()))])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+
+    // Only kube-controller-manager's PV binder sets this annotation: it proves the binder runs.
+    let provisioner = wait_for(
+        "the PV binder to annotate the claim",
+        Duration::from_secs(60),
+        || async {
+            let claim = claims.get("claim").await?;
+            Ok(claim
+                .metadata
+                .annotations
+                .and_then(|annotations| annotations.get(PROVISIONER_ANNOTATION).cloned()))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(provisioner, TEST_PROVISIONER);
+
+    if control_plane.is_attached() {
+        eprintln!(
+            "attached to an existing cluster: the provisioner identity is admin, RBAC is not proven"
+        );
+        return;
+    }
+    let provisioner = ControlPlane::client_for(control_plane.provisioner_kubeconfig())
+        .await
+        .unwrap();
+    Api::<PersistentVolume>::all(provisioner.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("deploy/rbac.yaml lets the provisioner list PersistentVolumes");
+    let secrets_error = Api::<Secret>::all(provisioner)
+        .list(&ListParams::default())
+        .await
+        .expect_err("deploy/rbac.yaml must not grant secrets");
+    assert!(
+        is_forbidden(&secrets_error),
+        "expected 403 Forbidden, got {secrets_error:?}"
+    );
+
+    let restricted = ControlPlane::client_for(control_plane.restricted_kubeconfig(1))
+        .await
+        .unwrap();
+    let volumes_error = Api::<PersistentVolume>::all(restricted)
+        .list(&ListParams::default())
+        .await
+        .expect_err("restricted identities start with no permissions");
+    assert!(
+        is_forbidden(&volumes_error),
+        "expected 403 Forbidden, got {volumes_error:?}"
+    );
+    assert_eq!(
+        control_plane.restricted_user(1),
+        "system:serviceaccount:wasm-provisioner:restricted-1"
+    );
+}
+
+fn named(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        ..Default::default()
+    }
+}
+
+fn is_forbidden(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 403)
+}
