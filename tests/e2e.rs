@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -373,7 +373,7 @@ async fn final_failures_stop_at_the_threshold_even_across_resyncs(
         w.calls()
     );
     let live = w.claims().get("data").await?;
-    ensure!(live.spec.unwrap().volume_name.is_none());
+    ensure!(live.spec.as_ref().unwrap().volume_name.is_none());
     Ok(())
 }
 
@@ -611,7 +611,7 @@ async fn claims_for_other_provisioners_are_never_touched(
     w.wait_bound("mine").await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let live = w.claims().get("data").await?;
-    ensure!(live.spec.unwrap().volume_name.is_none());
+    ensure!(live.spec.as_ref().unwrap().volume_name.is_none());
     ensure!(
         live.finalizers()
             .iter()
@@ -700,20 +700,13 @@ fn main() -> std::process::ExitCode {
         })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
-    drop(cp);
     if conclusion.has_failed() {
-        bail_keep_run_dir();
+        cp.mark_failed();
+        eprintln!(
+            "some end-to-end tests failed; provisioner and control-plane logs are in {} (kept with WP_KEEP_RUN_DIR=1)",
+            cp.run_dir().display()
+        );
     }
+    drop(cp);
     conclusion.exit_code()
-}
-
-fn bail_keep_run_dir() {
-    eprintln!(
-        "some end-to-end tests failed; provisioner and control-plane logs are in the run directory (set WP_KEEP_RUN_DIR=1 to keep it)"
-    );
-}
-
-#[allow(dead_code)]
-fn unused() -> anyhow::Result<()> {
-    bail!("unused")
 }

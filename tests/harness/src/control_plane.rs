@@ -2,59 +2,36 @@
 //! the provisioner's RBAC applied; or an existing cluster named by `WP_KUBECONFIG`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-use anyhow::{Context, bail, ensure};
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolume};
+use anyhow::{Context, ensure};
+use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tempfile::TempDir;
 
 use crate::apply::{RBAC_YAML, apply_yaml};
 use crate::binaries::Binaries;
-use crate::identity::{Identity, PROVISIONER_NAMESPACE, service_account_user, token_auth_csv};
-use crate::ports::free_loopback_port;
-use crate::process::Process;
+use crate::components::{LocalComponents, restricted_account_name};
+use crate::identity::{PROVISIONER_NAMESPACE, service_account_user};
 use crate::wait::wait_for;
 
 /// Set to a kubeconfig path to use an existing cluster instead of starting one.
 pub const ATTACH_KUBECONFIG_ENV: &str = "WP_KUBECONFIG";
 
-/// Set to `1` to keep the run dir (logs, kubeconfigs) when start fails or a test panics.
+/// Set to `1` to keep the run dir (logs, kubeconfigs) when start fails, a test panics, or
+/// [`ControlPlane::mark_failed`] was called.
 pub const KEEP_RUN_DIR_ENV: &str = "WP_KEEP_RUN_DIR";
 
 /// How many spare `restricted-N` identities exist, for tests that bind their own, narrower roles.
 pub const RESTRICTED_IDENTITIES: usize = 3;
 
 /// Name of the provisioner's ServiceAccount in `deploy/rbac.yaml`.
-const PROVISIONER_SERVICE_ACCOUNT: &str = "wasm-provisioner";
+pub(crate) const PROVISIONER_SERVICE_ACCOUNT: &str = "wasm-provisioner";
 
-/// How long stopped components get between SIGTERM and SIGKILL.
-const STOP_GRACE: Duration = Duration::from_secs(5);
-
-/// Starts retried when a port handed out as free was taken before our child bound it.
-const START_ATTEMPTS: usize = 3;
-
-const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(30);
-/// Generous: on 2 cores next to a cargo build, the API server takes tens of seconds to be ready.
-const APISERVER_READY_TIMEOUT: Duration = Duration::from_secs(120);
-const CONTROLLER_MANAGER_READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the provisioner's RBAC may take to be applied and reach the authorizer's cache.
 const RBAC_EFFECTIVE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How many log lines a start failure quotes.
-const LOG_TAIL_LINES: usize = 40;
-
-/// Logged by etcd (3.4, capnslog and zap loggers alike) once its client listener serves.
-const ETCD_READY: &str = "ready to serve client requests";
-
-/// Logged by kube-controller-manager once the PV binder (which annotates claims for external
-/// provisioners and binds PVs) is running. Stable wording across releases (`Started %q`).
-const PV_BINDER_STARTED: &str = "Started \"persistentvolume-binder\"";
-
-/// Controllers the provisioner relies on; everything else (pods, nodes, tokens) is left out.
-const CONTROLLERS: &str =
-    "persistentvolume-binder,pv-protection,pvc-protection,namespace,garbagecollector";
 
 /// A running local control plane, or an attached existing cluster.
 ///
@@ -67,72 +44,8 @@ pub struct ControlPlane {
     restricted_kubeconfigs: Vec<PathBuf>,
     /// `None` when attached to `WP_KUBECONFIG`.
     local: Option<LocalComponents>,
-    start_failed: bool,
-}
-
-/// The processes of a local control plane and what is needed to restart the API server.
-struct LocalComponents {
-    etcd: Process,
-    apiserver: Option<Process>,
-    apiserver_launch: Launch,
-    controller_manager: Process,
-    /// Kept alive so etcd's data outlives nothing but this control plane.
-    _etcd_data_dir: Option<TempDir>,
-}
-
-/// A program, its arguments and its log file: enough to start the same component again.
-#[derive(Debug, Clone)]
-struct Launch {
-    program: PathBuf,
-    args: Vec<String>,
-    log_path: PathBuf,
-}
-
-impl Launch {
-    fn new(program: &Path, args: Vec<String>, log_path: PathBuf) -> Launch {
-        Launch {
-            program: program.to_owned(),
-            args,
-            log_path,
-        }
-    }
-
-    fn spawn(&self) -> anyhow::Result<Process> {
-        let mut command = Command::new(&self.program);
-        command.args(&self.args);
-        Process::spawn(command, self.log_path.clone())
-    }
-}
-
-/// Loopback ports of one start attempt.
-struct Ports {
-    etcd_client: u16,
-    etcd_peer: u16,
-    apiserver: u16,
-}
-
-impl Ports {
-    fn pick() -> anyhow::Result<Ports> {
-        Ok(Ports {
-            etcd_client: free_loopback_port()?,
-            etcd_peer: free_loopback_port()?,
-            apiserver: free_loopback_port()?,
-        })
-    }
-}
-
-/// Files written once per run and shared by every start attempt.
-struct RunFiles {
-    token_auth_file: PathBuf,
-    service_account_key: PathBuf,
-    cert_dir: PathBuf,
-    identities: Identities,
-}
-
-struct Identities {
-    admin: Identity,
-    provisioner: Identity,
-    restricted: Vec<Identity>,
+    /// Keeps the run dir on drop when `WP_KEEP_RUN_DIR=1`.
+    failed: AtomicBool,
 }
 
 impl ControlPlane {
@@ -150,7 +63,7 @@ impl ControlPlane {
             provisioner_kubeconfig: PathBuf::new(),
             restricted_kubeconfigs: Vec::new(),
             local: None,
-            start_failed: false,
+            failed: AtomicBool::new(false),
         };
         let started = match std::env::var_os(ATTACH_KUBECONFIG_ENV) {
             Some(kubeconfig) => control_plane.attach(PathBuf::from(kubeconfig)),
@@ -163,7 +76,7 @@ impl ControlPlane {
         match outcome {
             Ok(()) => Ok(control_plane),
             Err(error) => {
-                control_plane.start_failed = true;
+                control_plane.mark_failed();
                 let hint = if keep_run_dir_requested() {
                     format!("run dir kept at {}", control_plane.run_dir.display())
                 } else {
@@ -234,7 +147,8 @@ impl ControlPlane {
 
     /// Temp dir for this run: kubeconfigs, token file, component logs (`etcd.log`,
     /// `kube-apiserver.log`, `kube-controller-manager.log`). Removed on drop unless
-    /// `WP_KEEP_RUN_DIR=1` and the start failed or the thread is panicking.
+    /// `WP_KEEP_RUN_DIR=1` and the start failed, the thread is panicking, or
+    /// [`ControlPlane::mark_failed`] was called.
     pub fn run_dir(&self) -> &Path {
         &self.run_dir
     }
@@ -259,53 +173,28 @@ impl ControlPlane {
     /// Kills the API server only (SIGTERM, SIGKILL after 5 s), for outage tests. etcd and
     /// kube-controller-manager keep running. Does nothing if it is already stopped.
     pub async fn stop_apiserver(&mut self) -> anyhow::Result<()> {
-        let local = self.local_mut("stop_apiserver")?;
-        if let Some(mut apiserver) = local.apiserver.take() {
-            apiserver.terminate_async(STOP_GRACE).await?;
-        }
-        Ok(())
+        self.local_mut("stop_apiserver")?.stop_apiserver().await
     }
 
     /// Starts the API server again on the same port with the same arguments and waits until it
     /// is ready. Does nothing if it is running.
     pub async fn start_apiserver(&mut self) -> anyhow::Result<()> {
-        let admin_kubeconfig = self.admin_kubeconfig.clone();
-        let local = self.local_mut("start_apiserver")?;
-        if local.apiserver.as_mut().is_some_and(Process::is_running) {
-            return Ok(());
-        }
-        let mut apiserver = local.apiserver_launch.spawn()?;
-        wait_for_apiserver(&mut apiserver, &admin_kubeconfig).await?;
-        local.apiserver = Some(apiserver);
-        Ok(())
+        self.local_mut("start_apiserver")?.start_apiserver().await
     }
 
     /// Kills every component by PID (SIGTERM, SIGKILL after 5 s). Idempotent; also run on drop.
     /// A no-op when attached to `WP_KUBECONFIG`.
     pub fn stop(&mut self) {
-        let Some(mut local) = self.local.take() else {
-            return;
-        };
-        // Controller manager first so it does not log connection errors while the rest goes.
-        let mut processes: Vec<&mut Process> = [
-            Some(&mut local.controller_manager),
-            local.apiserver.as_mut(),
-            Some(&mut local.etcd),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        for process in processes.iter_mut() {
-            process.send_sigterm();
+        if let Some(mut local) = self.local.take() {
+            local.stop();
         }
-        let deadline = Instant::now() + STOP_GRACE;
-        while processes.iter_mut().any(|process| process.is_running()) && Instant::now() < deadline
-        {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        for process in processes {
-            process.kill();
-        }
+    }
+
+    /// Records that a test using this control plane failed, so the run dir (component logs,
+    /// and whatever tests wrote there) is kept on drop when `WP_KEEP_RUN_DIR=1`. For a control
+    /// plane shared across tests, where no panic unwinds through its drop.
+    pub fn mark_failed(&self) {
+        self.failed.store(true, Ordering::Relaxed);
     }
 
     fn local_mut(&mut self, operation: &str) -> anyhow::Result<&mut LocalComponents> {
@@ -329,154 +218,12 @@ impl ControlPlane {
 
     async fn start_local(&mut self) -> anyhow::Result<()> {
         let binaries = Binaries::locate()?;
-        let files = write_run_files(&self.run_dir)?;
-        let etcd_data_dir = tmpfs_dir_if_available()?;
-        let etcd_data_root = etcd_data_dir.as_ref().map_or_else(
-            || self.run_dir.join("etcd-data"),
-            |dir| dir.path().to_owned(),
-        );
-
-        for attempt in 1..=START_ATTEMPTS {
-            let ports = Ports::pick()?;
-            let server = format!("https://127.0.0.1:{}", ports.apiserver);
-            let identities = &files.identities;
-            self.admin_kubeconfig = identities.admin.write_kubeconfig(&self.run_dir, &server)?;
-            self.provisioner_kubeconfig = identities
-                .provisioner
-                .write_kubeconfig(&self.run_dir, &server)?;
-            self.restricted_kubeconfigs = identities
-                .restricted
-                .iter()
-                .map(|identity| identity.write_kubeconfig(&self.run_dir, &server))
-                .collect::<anyhow::Result<_>>()?;
-
-            // A fresh data dir per attempt: etcd remembers its peer URLs.
-            let etcd_data = etcd_data_root.join(format!("attempt-{attempt}"));
-            match self
-                .start_processes(&binaries, &files, &ports, &etcd_data)
-                .await
-            {
-                Ok(mut local) => {
-                    local._etcd_data_dir = etcd_data_dir;
-                    self.local = Some(local);
-                    return Ok(());
-                }
-                Err(error) if attempt < START_ATTEMPTS && is_port_collision(&error) => continue,
-                Err(error) => return Err(error),
-            }
-        }
-        unreachable!("the last attempt returns its error")
-    }
-
-    async fn start_processes(
-        &self,
-        binaries: &Binaries,
-        files: &RunFiles,
-        ports: &Ports,
-        etcd_data: &Path,
-    ) -> anyhow::Result<LocalComponents> {
-        let etcd_client_url = format!("http://127.0.0.1:{}", ports.etcd_client);
-        let etcd_peer_url = format!("http://127.0.0.1:{}", ports.etcd_peer);
-        let etcd_launch = Launch::new(
-            &binaries.etcd,
-            flags(&[
-                ("--name", "wp-harness"),
-                ("--data-dir", &etcd_data.display().to_string()),
-                ("--listen-client-urls", &etcd_client_url),
-                ("--advertise-client-urls", &etcd_client_url),
-                ("--listen-peer-urls", &etcd_peer_url),
-                ("--initial-advertise-peer-urls", &etcd_peer_url),
-                ("--initial-cluster", &format!("wp-harness={etcd_peer_url}")),
-            ]),
-            self.run_dir.join("etcd.log"),
-        );
-        let mut etcd = etcd_launch.spawn()?;
-        let etcd_port = ports.etcd_client;
-        let etcd_log = etcd.log_path().to_owned();
-        await_ready(&mut etcd, "serving clients", ETCD_READY_TIMEOUT, || {
-            let etcd_log = etcd_log.clone();
-            async move {
-                // The log line proves the listener is etcd's, not a port thief's.
-                let said_ready = std::fs::read_to_string(&etcd_log)
-                    .unwrap_or_default()
-                    .contains(ETCD_READY);
-                Ok(said_ready
-                    && tokio::net::TcpStream::connect(("127.0.0.1", etcd_port))
-                        .await
-                        .is_ok())
-            }
-        })
-        .await?;
-
-        let apiserver_launch = Launch::new(
-            &binaries.kube_apiserver,
-            flags(&[
-                ("--etcd-servers", &etcd_client_url),
-                ("--secure-port", &ports.apiserver.to_string()),
-                ("--bind-address", "127.0.0.1"),
-                ("--advertise-address", "127.0.0.1"),
-                // No kubernetes Service endpoints: validation rejects the loopback advertise address.
-                ("--endpoint-reconciler-type", "none"),
-                ("--cert-dir", &files.cert_dir.display().to_string()),
-                (
-                    "--token-auth-file",
-                    &files.token_auth_file.display().to_string(),
-                ),
-                ("--authorization-mode", "RBAC"),
-                ("--service-account-issuer", "https://kubernetes.default.svc"),
-                (
-                    "--service-account-key-file",
-                    &files.service_account_key.display().to_string(),
-                ),
-                (
-                    "--service-account-signing-key-file",
-                    &files.service_account_key.display().to_string(),
-                ),
-                ("--service-cluster-ip-range", "10.0.0.0/24"),
-                ("--allow-privileged", "true"),
-            ]),
-            self.run_dir.join("kube-apiserver.log"),
-        );
-        let mut apiserver = apiserver_launch.spawn()?;
-        wait_for_apiserver(&mut apiserver, &self.admin_kubeconfig).await?;
-
-        let controller_manager_launch = Launch::new(
-            &binaries.kube_controller_manager,
-            flags(&[
-                ("--kubeconfig", &self.admin_kubeconfig.display().to_string()),
-                ("--controllers", CONTROLLERS),
-                ("--leader-elect", "false"),
-                ("--use-service-account-credentials", "false"),
-                // No serving at all: nothing scrapes it, and it saves two ports.
-                ("--port", "0"),
-                ("--secure-port", "0"),
-            ]),
-            self.run_dir.join("kube-controller-manager.log"),
-        );
-        let mut controller_manager = controller_manager_launch.spawn()?;
-        let log_path = controller_manager.log_path().to_owned();
-        await_ready(
-            &mut controller_manager,
-            "running the PV binder",
-            CONTROLLER_MANAGER_READY_TIMEOUT,
-            || {
-                let log_path = log_path.clone();
-                async move {
-                    Ok(std::fs::read_to_string(&log_path)
-                        .unwrap_or_default()
-                        .contains(PV_BINDER_STARTED))
-                }
-            },
-        )
-        .await?;
-
-        Ok(LocalComponents {
-            etcd,
-            apiserver: Some(apiserver),
-            apiserver_launch,
-            controller_manager,
-            _etcd_data_dir: None,
-        })
+        let (local, kubeconfigs) = LocalComponents::start(&binaries, &self.run_dir).await?;
+        self.admin_kubeconfig = kubeconfigs.admin;
+        self.provisioner_kubeconfig = kubeconfigs.provisioner;
+        self.restricted_kubeconfigs = kubeconfigs.restricted;
+        self.local = Some(local);
+        Ok(())
     }
 
     /// Applies `deploy/rbac.yaml` as admin, then waits until the RBAC authorizer's cache lets
@@ -510,7 +257,7 @@ impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop();
         if keep_run_dir_requested()
-            && (self.start_failed || std::thread::panicking())
+            && (self.failed.load(Ordering::Relaxed) || std::thread::panicking())
             && let Some(run_dir) = self.run_dir_guard.take()
         {
             let kept = run_dir.keep();
@@ -522,148 +269,8 @@ impl Drop for ControlPlane {
     }
 }
 
-/// Waits until the API server answers `/readyz` and has created the `default` namespace.
-async fn wait_for_apiserver(
-    apiserver: &mut Process,
-    admin_kubeconfig: &Path,
-) -> anyhow::Result<()> {
-    let admin = ControlPlane::client_for(admin_kubeconfig).await?;
-    await_ready(
-        apiserver,
-        "ready (/readyz and namespace default)",
-        APISERVER_READY_TIMEOUT,
-        || {
-            let admin = admin.clone();
-            async move {
-                let readyz = http::Request::get("/readyz").body(Vec::new())?;
-                if admin.request_text(readyz).await?.trim() != "ok" {
-                    return Ok(false);
-                }
-                Ok(Api::<Namespace>::all(admin)
-                    .get_opt("default")
-                    .await?
-                    .is_some())
-            }
-        },
-    )
-    .await
-}
-
-/// Polls `ready` every 100 ms until it returns `Ok(true)`; fails at once if `process` exits and
-/// at `timeout` otherwise, quoting the end of the process's log either way.
-async fn await_ready<F, Fut>(
-    process: &mut Process,
-    what: &str,
-    timeout: Duration,
-    mut ready: F,
-) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<bool>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut last_error = None;
-    loop {
-        if let Some(status) = process.exit_status() {
-            bail!(
-                "{} (pid {}) exited with {status} before {what}; last lines of {}:\n{}",
-                process.name(),
-                process.pid(),
-                process.log_path().display(),
-                process.log_tail(LOG_TAIL_LINES)
-            );
-        }
-        match ready().await {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
-            Err(error) => last_error = Some(error),
-        }
-        if tokio::time::Instant::now() >= deadline {
-            let last_error = last_error
-                .map(|error| format!(" (last check error: {error:#})"))
-                .unwrap_or_default();
-            bail!(
-                "{} (pid {}) not {what} within {timeout:?}{last_error}; last lines of {}:\n{}",
-                process.name(),
-                process.pid(),
-                process.log_path().display(),
-                process.log_tail(LOG_TAIL_LINES)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Writes the token file and service-account key and chooses every identity's token.
-fn write_run_files(run_dir: &Path) -> anyhow::Result<RunFiles> {
-    let identities = Identities {
-        admin: Identity::admin()?,
-        provisioner: Identity::service_account(PROVISIONER_NAMESPACE, PROVISIONER_SERVICE_ACCOUNT)?,
-        restricted: (1..=RESTRICTED_IDENTITIES)
-            .map(|n| Identity::service_account(PROVISIONER_NAMESPACE, &restricted_account_name(n)))
-            .collect::<anyhow::Result<_>>()?,
-    };
-    let mut all = vec![&identities.admin, &identities.provisioner];
-    all.extend(identities.restricted.iter());
-    let token_auth_file = run_dir.join("tokens.csv");
-    std::fs::write(&token_auth_file, token_auth_csv(&all)).context("writing tokens.csv")?;
-
-    let service_account_key = run_dir.join("service-account.key");
-    generate_rsa_key(&service_account_key)?;
-
-    let cert_dir = run_dir.join("apiserver-certs");
-    std::fs::create_dir_all(&cert_dir).context("creating the API server cert dir")?;
-    Ok(RunFiles {
-        token_auth_file,
-        service_account_key,
-        cert_dir,
-        identities,
-    })
-}
-
-/// The API server signs (and verifies) service account tokens with this key; it accepts the
-/// private key PEM for both flags.
-fn generate_rsa_key(path: &Path) -> anyhow::Result<()> {
-    let output = Command::new("openssl")
-        .args(["genrsa", "-out"])
-        .arg(path)
-        .arg("2048")
-        .output()
-        .context(
-            "running `openssl genrsa` for the service account key (is the openssl CLI installed?)",
-        )?;
-    ensure!(
-        output.status.success(),
-        "`openssl genrsa` failed with {}: {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(())
-}
-
-/// A temp dir on /dev/shm when it exists: etcd fsyncs every write, which is slow on shared disks
-/// and free on tmpfs.
-fn tmpfs_dir_if_available() -> anyhow::Result<Option<TempDir>> {
-    let shm = Path::new("/dev/shm");
-    if !shm.is_dir() {
-        return Ok(None);
-    }
-    Ok(tempfile::Builder::new()
-        .prefix("wp-etcd-")
-        .tempdir_in(shm)
-        .ok())
-}
-
-fn is_port_collision(error: &anyhow::Error) -> bool {
-    format!("{error:#}").contains("address already in use")
-}
-
 fn keep_run_dir_requested() -> bool {
     std::env::var(KEEP_RUN_DIR_ENV).is_ok_and(|value| value == "1")
-}
-
-fn restricted_account_name(n: usize) -> String {
-    format!("restricted-{n}")
 }
 
 fn assert_restricted_index(n: usize) {
@@ -671,12 +278,4 @@ fn assert_restricted_index(n: usize) {
         (1..=RESTRICTED_IDENTITIES).contains(&n),
         "restricted identities are numbered 1..={RESTRICTED_IDENTITIES}, got {n}"
     );
-}
-
-/// `--flag=value` arguments, written as pairs so each flag stays next to its value.
-fn flags(pairs: &[(&str, &str)]) -> Vec<String> {
-    pairs
-        .iter()
-        .map(|(flag, value)| format!("{flag}={value}"))
-        .collect()
 }

@@ -16,6 +16,7 @@
 
 mod apply;
 mod binaries;
+mod components;
 mod control_plane;
 mod identity;
 mod ports;

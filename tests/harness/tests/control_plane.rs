@@ -112,6 +112,39 @@ async fn control_plane_binds_claims_to_external_provisioners_and_enforces_rbac()
     );
 }
 
+#[tokio::test]
+async fn apiserver_restarts_on_the_same_port_with_its_data() {
+    let mut control_plane = ControlPlane::start().await.expect("control plane starts");
+    if control_plane.is_attached() {
+        eprintln!("attached to an existing cluster: cannot stop its API server");
+        return;
+    }
+    let namespaces = Api::<Namespace>::all(control_plane.admin_client().await.unwrap());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: named("survives"),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+
+    control_plane.stop_apiserver().await.unwrap();
+    namespaces
+        .get("survives")
+        .await
+        .expect_err("the API server is down");
+
+    control_plane.start_apiserver().await.unwrap();
+    // The same client (same URL, same token) works again, and etcd kept the data.
+    namespaces
+        .get("survives")
+        .await
+        .expect("namespace still there after the restart");
+}
+
 fn named(name: &str) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.into()),
