@@ -144,6 +144,56 @@ impl World {
         Ok(name)
     }
 
+    async fn create_wffc_class(
+        &self,
+        suffix: &str,
+        params: &[(&str, &str)],
+    ) -> anyhow::Result<String> {
+        let name = self.class_name(suffix);
+        let params: BTreeMap<&str, &str> = params.iter().copied().collect();
+        let class: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "provisioner": self.provisioner,
+            "parameters": params,
+            "volumeBindingMode": "WaitForFirstConsumer",
+        }))?;
+        Api::<StorageClass>::all(self.admin.clone())
+            .create(&PostParams::default(), &class)
+            .await?;
+        Ok(name)
+    }
+
+    async fn create_claim_json(
+        &self,
+        claim: serde_json::Value,
+    ) -> anyhow::Result<PersistentVolumeClaim> {
+        let claim: PersistentVolumeClaim = serde_json::from_value(claim)?;
+        Ok(self.claims().create(&PostParams::default(), &claim).await?)
+    }
+
+    /// Sets `volume.kubernetes.io/selected-node`, as the scheduler would.
+    async fn select_node(&self, claim: &str, node: &str) -> anyhow::Result<()> {
+        let patch =
+            json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": node}}});
+        self.claims()
+            .patch(
+                claim,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn wait_pv(&self, name: &str) -> anyhow::Result<PersistentVolume> {
+        let pvs = self.pvs();
+        wait_for(&format!("PV {name}"), WAIT, || async {
+            Ok(pvs.get_opt(name).await?)
+        })
+        .await
+        .with_context(|| self.log())
+    }
+
     async fn create_claim(&self, name: &str, class: &str) -> anyhow::Result<PersistentVolumeClaim> {
         let claim: PersistentVolumeClaim = serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": self.ns},
@@ -636,6 +686,270 @@ async fn claims_for_other_provisioners_are_never_touched(
     Ok(())
 }
 
+async fn wait_for_first_consumer_waits_for_the_selected_node(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "wffc", "hostpath").await?;
+    w.start(&[])?;
+    let class = w.create_wffc_class("local", &[]).await?;
+    let claim = w.create_claim("data", &class).await?;
+    let pv = format!("pvc-{}", uid(&claim));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(
+        w.pvs().get_opt(&pv).await?.is_none(),
+        "nothing before the scheduler picks a node"
+    );
+    w.select_node("data", "node-a").await?;
+    let volume = w.wait_pv(&pv).await?;
+    let affinity = serde_json::to_value(volume.spec.unwrap().node_affinity)?;
+    ensure!(
+        affinity["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0]
+            == "node-a",
+        "node affinity to the selected node: {affinity}"
+    );
+    Ok(())
+}
+
+async fn reschedule_drops_the_selected_node(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "reschedule", "scripted").await?;
+    w.start(&[])?;
+    let class = w
+        .create_wffc_class("local", &[("fail", "reschedule")])
+        .await?;
+    let claim = w.create_claim("data", &class).await?;
+    w.select_node("data", "node-a").await?;
+    let message = w.wait_event(&uid(&claim), "ProvisioningFailed").await?;
+    ensure!(message.contains("reschedule"), "{message}");
+    let claims = w.claims();
+    wait_for("selected-node removed", WAIT, || async {
+        let c = claims.get("data").await?;
+        Ok((!c
+            .annotations()
+            .contains_key("volume.kubernetes.io/selected-node"))
+        .then_some(()))
+    })
+    .await
+    .with_context(|| w.log())?;
+    let live = claims.get("data").await?;
+    ensure!(
+        live.finalizers()
+            .iter()
+            .all(|f| f != "wasm-provisioner.dev/provisioning"),
+        "nothing is in flight after a reschedule: {:?}",
+        live.finalizers()
+    );
+    Ok(())
+}
+
+async fn in_background_is_called_again_without_counting(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "background", "scripted").await?;
+    w.start(&["--failed-provision-threshold", "1"])?;
+    let class = w
+        .create_class(
+            "bg",
+            &[("fail", "in-background"), ("failTimes", "2")],
+            "Delete",
+        )
+        .await?;
+    let claim = w.create_claim("data", &class).await?;
+    w.wait_bound("data").await?;
+    let provisions = w
+        .calls()
+        .iter()
+        .filter(|l| l.starts_with("provision "))
+        .count();
+    ensure!(
+        provisions == 3,
+        "two in-background answers then success, saw {provisions}"
+    );
+    let reasons: Vec<String> = w
+        .events(&uid(&claim))
+        .await?
+        .into_iter()
+        .map(|(r, _)| r)
+        .collect();
+    ensure!(
+        !reasons.contains(&"ProvisioningGivenUp".into()),
+        "{reasons:?}"
+    );
+    Ok(())
+}
+
+async fn block_claims_need_a_guest_that_supports_block(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "block", "hostpath").await?;
+    w.start(&[])?;
+    let class = w.create_class("fs-only", &[], "Delete").await?;
+    let claim = w
+        .create_claim_json(json!({
+            "metadata": {"name": "raw", "namespace": w.ns},
+            "spec": {"storageClassName": class, "volumeMode": "Block", "accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "1Gi"}}},
+        }))
+        .await?;
+    let message = w.wait_event(&uid(&claim), "ProvisioningFailed").await?;
+    ensure!(message.contains("does not support block"), "{message}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(
+        w.pvs()
+            .get_opt(&format!("pvc-{}", uid(&claim)))
+            .await?
+            .is_none()
+    );
+    Ok(())
+}
+
+async fn block_claims_are_provisioned_by_guests_that_support_block(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "block-ok", "scripted").await?;
+    w.start(&[])?;
+    let class = w.create_class("raw", &[], "Delete").await?;
+    w.create_claim_json(json!({
+        "metadata": {"name": "raw", "namespace": w.ns},
+        "spec": {"storageClassName": class, "volumeMode": "Block", "accessModes": ["ReadWriteOnce"],
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .await?;
+    let pv = w.wait_bound("raw").await?;
+    ensure!(pv.spec.unwrap().volume_mode.as_deref() == Some("Block"));
+    Ok(())
+}
+
+async fn a_failed_delete_is_reported_and_retried(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "delete-fails", "scripted").await?;
+    w.start(&[])?;
+    let class = w
+        .create_class(
+            "c",
+            &[("deleteFail", "final"), ("deleteFailTimes", "1")],
+            "Delete",
+        )
+        .await?;
+    w.create_claim("data", &class).await?;
+    let pv = w.wait_bound("data").await?;
+    let pv_uid = pv.metadata.uid.clone().unwrap_or_default();
+    w.claims().delete("data", &DeleteParams::default()).await?;
+    let message = w.wait_event(&pv_uid, "VolumeFailedDelete").await?;
+    ensure!(message.contains("final error"), "{message}");
+    w.wait_pv_gone(&pv.name_any()).await?;
+    ensure!(!w.storage_of(&pv.name_any()).exists());
+    let deletes = w
+        .calls()
+        .iter()
+        .filter(|l| l.starts_with("delete "))
+        .count();
+    ensure!(
+        deletes == 2,
+        "one failed delete, one retry: {:?}",
+        w.calls()
+    );
+    Ok(())
+}
+
+async fn guest_hooks_decide_last(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "hooks", "scripted").await?;
+    w.start(&[])?;
+    let class = w
+        .create_class("kept", &[("keep", "true")], "Delete")
+        .await?;
+    let skipped = w
+        .create_claim_json(json!({
+            "metadata": {"name": "skipped", "namespace": w.ns,
+                         "annotations": {"scripted.wasm-provisioner.dev/skip": "true"}},
+            "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "1Gi"}}},
+        }))
+        .await?;
+    w.create_claim("kept", &class).await?;
+    let pv = w.wait_bound("kept").await?;
+    w.claims().delete("kept", &DeleteParams::default()).await?;
+    let pvs = w.pvs();
+    let name = pv.name_any();
+    wait_for("PV Released", WAIT, || async {
+        let p = pvs.get(&name).await?;
+        Ok((p.status.and_then(|s| s.phase).as_deref() == Some("Released")).then_some(()))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(
+        pvs.get_opt(&name).await?.is_some(),
+        "should-delete = false keeps the PV"
+    );
+    ensure!(w.storage_of(&name).is_dir(), "and its storage");
+    let live = w.claims().get("skipped").await?;
+    ensure!(
+        live.spec.as_ref().unwrap().volume_name.is_none(),
+        "should-provision = false leaves the claim"
+    );
+    ensure!(
+        w.pvs()
+            .get_opt(&format!("pvc-{}", uid(&skipped)))
+            .await?
+            .is_none()
+    );
+    Ok(())
+}
+
+async fn pv_finalizer_mode_guards_the_volume_until_storage_is_gone(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "pv-finalizer", "scripted").await?;
+    w.start(&["--add-pv-finalizer"])?;
+    let class = w.create_class("c", &[], "Delete").await?;
+    w.create_claim("data", &class).await?;
+    let pv = w.wait_bound("data").await?;
+    let pvs = w.pvs();
+    let name = pv.name_any();
+    wait_for("PV finalizer added", WAIT, || async {
+        let p = pvs.get(&name).await?;
+        Ok(p.finalizers()
+            .iter()
+            .any(|f| f == "external-provisioner.volume.kubernetes.io/finalizer")
+            .then_some(()))
+    })
+    .await
+    .with_context(|| w.log())?;
+    w.claims().delete("data", &DeleteParams::default()).await?;
+    w.wait_pv_gone(&name).await?;
+    ensure!(
+        !w.storage_of(&name).exists(),
+        "storage deleted before the finalizer came off"
+    );
+    Ok(())
+}
+
+async fn sigterm_lets_in_flight_work_finish(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "sigterm", "scripted").await?;
+    w.start(&[])?;
+    let class = w
+        .create_class("slow", &[("delayMs", "2000")], "Delete")
+        .await?;
+    let claim = w.create_claim("data", &class).await?;
+    let pv = format!("pvc-{}", uid(&claim));
+    let marker = w.storage.path().join(format!("{pv}.started"));
+    wait_for("guest started", WAIT, || async {
+        Ok(marker.exists().then_some(()))
+    })
+    .await
+    .with_context(|| w.log())?;
+    let status = w.process.as_mut().unwrap().terminate()?;
+    ensure!(
+        status.success(),
+        "exit 0 after SIGTERM, got {status}: {}",
+        w.log()
+    );
+    ensure!(
+        w.pvs().get_opt(&pv).await?.is_some(),
+        "the in-flight provision finished: {}",
+        w.log()
+    );
+    Ok(())
+}
+
 type TestFn = fn(
     Arc<ControlPlane>,
 )
@@ -662,6 +976,15 @@ fn main() -> std::process::ExitCode {
         killed_then_claim_deleted_while_down_leaves_no_storage,
         claims_with_the_same_name_over_time_get_their_own_volumes,
         claims_for_other_provisioners_are_never_touched,
+        wait_for_first_consumer_waits_for_the_selected_node,
+        reschedule_drops_the_selected_node,
+        in_background_is_called_again_without_counting,
+        block_claims_need_a_guest_that_supports_block,
+        block_claims_are_provisioned_by_guests_that_support_block,
+        a_failed_delete_is_reported_and_retried,
+        guest_hooks_decide_last,
+        pv_finalizer_mode_guards_the_volume_until_storage_is_gone,
+        sigterm_lets_in_flight_work_finish,
     ];
     let selected: Vec<_> = tests
         .iter()

@@ -1,7 +1,10 @@
 //! Kubernetes events with the Go library's reasons, published on claims and volumes.
 
-use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder};
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::PostParams;
+use kube::{Api, Client};
 
 /// Normal: provisioning started.
 pub const PROVISIONING: &str = "Provisioning";
@@ -22,6 +25,27 @@ pub const DELETE_GIVEN_UP: &str = "DeletionGivenUp";
 /// Normal: the claim was deleted while provisioning and its storage was cleaned up.
 pub const PROVISIONING_ABANDONED: &str = "ProvisioningAbandoned";
 
+/// Publishes core/v1 Events, as client-go's recorder does. kube-runtime's recorder writes
+/// events.k8s.io/v1 Events into `default` for cluster-scoped objects, which API servers before
+/// 1.22 reject for PVs ("involvedObject.namespace does not match event.namespace").
+#[derive(Clone)]
+pub struct Recorder {
+    client: Client,
+    component: String,
+    instance: Option<String>,
+}
+
+impl Recorder {
+    /// A recorder reporting as `component` (and `instance`, the replica).
+    pub fn new(client: Client, component: String, instance: Option<String>) -> Recorder {
+        Recorder {
+            client,
+            component,
+            instance,
+        }
+    }
+}
+
 /// Publishes an event; a failure to publish is logged, never fatal.
 pub async fn publish(
     recorder: &Recorder,
@@ -31,22 +55,40 @@ pub async fn publish(
     action: &str,
     note: String,
 ) {
+    let now = Time(Timestamp::now());
+    let namespace = reference
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let object = reference.name.clone().unwrap_or_default();
+    let stamp = now.0.as_nanosecond();
     let event = Event {
-        type_: if warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
+        metadata: ObjectMeta {
+            name: Some(format!("{object}.{stamp:x}")),
+            namespace: Some(namespace.clone()),
+            ..Default::default()
         },
-        reason: reason.to_string(),
-        note: Some(truncate(note, 1024)),
-        action: action.to_string(),
-        secondary: None,
+        involved_object: reference.clone(),
+        reason: Some(reason.to_string()),
+        message: Some(truncate(note, 1024)),
+        type_: Some(if warning { "Warning" } else { "Normal" }.to_string()),
+        action: Some(action.to_string()),
+        count: Some(1),
+        first_timestamp: Some(now.clone()),
+        last_timestamp: Some(now),
+        source: Some(EventSource {
+            component: Some(recorder.component.clone()),
+            host: recorder.instance.clone(),
+        }),
+        reporting_component: Some(recorder.component.clone()),
+        reporting_instance: recorder.instance.clone(),
+        ..Default::default()
     };
-    if let Err(error) = recorder.publish(&event, reference).await {
+    let events: Api<Event> = Api::namespaced(recorder.client.clone(), &namespace);
+    if let Err(error) = events.create(&PostParams::default(), &event).await {
         tracing::warn!(%error, reason, "could not publish event");
     }
 }
-
 fn truncate(mut s: String, max: usize) -> String {
     if s.len() > max {
         let mut cut = max;

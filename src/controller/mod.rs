@@ -19,7 +19,6 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -99,7 +98,7 @@ pub struct Context {
     /// PersistentVolume cache.
     pub volumes: Store<PersistentVolume>,
     /// Event publisher.
-    pub recorder: Recorder,
+    pub recorder: events::Recorder,
     /// Settings.
     pub settings: Settings,
     /// Claim failures by UID.
@@ -158,12 +157,10 @@ pub async fn run(
         Controller::new(pvc_api, watcher::Config::default()).with_config(controller_config);
     let claims = claim_controller.store();
 
-    let recorder = Recorder::new(
+    let recorder = events::Recorder::new(
         client.clone(),
-        Reporter {
-            controller: settings.reporter.clone(),
-            instance: settings.instance.clone(),
-        },
+        settings.reporter.clone(),
+        settings.instance.clone(),
     );
     let ctx = Arc::new(Context {
         client: client.clone(),
