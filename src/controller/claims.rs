@@ -310,12 +310,16 @@ async fn provision(
     );
 
     // The claim may have been deleted while the guest worked: then the storage goes, no PV.
-    let claims: Api<PersistentVolumeClaim> =
-        Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default());
-    ctx.api_budget().await;
-    let live = claims.get_opt(&pvc.name_any()).await?;
-    let same_claim = live.as_ref().filter(|l| l.metadata.uid == pvc.metadata.uid);
-    if same_claim.is_none_or(|l| l.metadata.deletion_timestamp.is_some()) {
+    // The cache is enough: our finalizer keeps the claim, so deletion shows as a timestamp
+    // within a watch event; if the cache lags, the PV is created and reclaimed as Released.
+    let cached = ctx
+        .claims
+        .get(&ObjectRef::from_obj(&pvc))
+        .filter(|c| c.metadata.uid == pvc.metadata.uid);
+    if cached
+        .as_ref()
+        .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
+    {
         tracing::info!(pv = %pv_name, "claim deleted while provisioning; deleting the new storage");
         delete_storage(&ctx, &guest, &pv, Some(&class))
             .await
@@ -323,11 +327,11 @@ async fn provision(
                 pv: pv_name.clone(),
                 source,
             })?;
-        if let Some(live) = same_claim {
-            set_finalizer(&ctx, live, false).await?;
+        if let Some(deleting) = cached {
+            set_finalizer(&ctx, &deleting, false).await?;
             publish(
                 &ctx.recorder,
-                &live.object_ref(&()),
+                &deleting.object_ref(&()),
                 false,
                 events::PROVISIONING_ABANDONED,
                 "Provision",
@@ -337,7 +341,7 @@ async fn provision(
         }
         return Ok(Action::await_change());
     }
-    let live = same_claim.expect("checked above");
+    let live = &pvc;
 
     match create_pv(&ctx, &pv).await {
         Ok(()) => {

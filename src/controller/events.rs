@@ -5,6 +5,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client};
+use std::sync::Arc;
+
+use super::ratelimit::RateLimiter;
 
 /// Normal: provisioning started.
 pub const PROVISIONING: &str = "Provisioning";
@@ -28,12 +31,20 @@ pub const PROVISIONING_ABANDONED: &str = "ProvisioningAbandoned";
 /// Publishes core/v1 Events, as client-go's recorder does. kube-runtime's recorder writes
 /// events.k8s.io/v1 Events into `default` for cluster-scoped objects, which API servers before
 /// 1.22 reject for PVs ("involvedObject.namespace does not match event.namespace").
+///
+/// Events are written in the background with their own request budget (as client-go's event
+/// broadcaster does), so reporting never slows provisioning down or eats its API budget.
 #[derive(Clone)]
 pub struct Recorder {
     client: Client,
     component: String,
     instance: Option<String>,
+    budget: Arc<RateLimiter>,
 }
+
+/// Event writes per second, and burst, independent of `--kube-api-qps`.
+const EVENT_QPS: f64 = 10.0;
+const EVENT_BURST: u32 = 50;
 
 impl Recorder {
     /// A recorder reporting as `component` (and `instance`, the replica).
@@ -42,6 +53,7 @@ impl Recorder {
             client,
             component,
             instance,
+            budget: Arc::new(RateLimiter::new(EVENT_QPS, EVENT_BURST)),
         }
     }
 }
@@ -85,9 +97,14 @@ pub async fn publish(
         ..Default::default()
     };
     let events: Api<Event> = Api::namespaced(recorder.client.clone(), &namespace);
-    if let Err(error) = events.create(&PostParams::default(), &event).await {
-        tracing::warn!(%error, reason, "could not publish event");
-    }
+    let budget = recorder.budget.clone();
+    let reason = reason.to_string();
+    tokio::spawn(async move {
+        budget.acquire().await;
+        if let Err(error) = events.create(&PostParams::default(), &event).await {
+            tracing::warn!(%error, reason, "could not publish event");
+        }
+    });
 }
 fn truncate(mut s: String, max: usize) -> String {
     if s.len() > max {

@@ -97,6 +97,8 @@ pub struct Context {
     pub classes: Store<StorageClass>,
     /// PersistentVolume cache.
     pub volumes: Store<PersistentVolume>,
+    /// PersistentVolumeClaim cache.
+    pub claims: Store<PersistentVolumeClaim>,
     /// Event publisher.
     pub recorder: events::Recorder,
     /// Settings.
@@ -167,6 +169,7 @@ pub async fn run(
         plugins: RwLock::new(plugins),
         classes: classes.clone(),
         volumes,
+        claims: claims.clone(),
         recorder,
         api_rate: RateLimiter::new(settings.kube_api_qps, settings.kube_api_burst),
         claim_failures: Mutex::new(FailureBook::default()),
