@@ -99,6 +99,10 @@ pub struct RunArgs {
     /// Keep `external-provisioner.volume.kubernetes.io/finalizer` on bound PVs with the Delete policy.
     #[arg(long, default_value_t = false)]
     pub add_pv_finalizer: bool,
+    /// Put `wasm-provisioner.dev/provisioning` on a claim before calling its guest, so a claim
+    /// deleted mid-provision or a crash cannot leak storage. Costs two API writes per claim.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub claim_finalizer: bool,
     /// How long in-flight work may take to finish after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
@@ -177,6 +181,7 @@ impl RunArgs {
             provision_timeout: self.provision_timeout,
             delete_timeout: self.delete_timeout,
             add_pv_finalizer: self.add_pv_finalizer,
+            claim_finalizer: self.claim_finalizer,
             kube_api_qps: self.kube_api_qps,
             kube_api_burst: self.kube_api_burst,
             shutdown_grace: self.shutdown_grace,

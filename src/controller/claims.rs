@@ -245,7 +245,7 @@ async fn provision(
         .expect("decided for a served provisioner")
         .clone();
     let pv_name = decide::pv_name(&pvc).ok_or(ClaimError::NoUid)?;
-    if ctx.volumes.get(&ObjectRef::new(&pv_name)).is_some() {
+    if ctx.volumes.get(&ObjectRef::new(&pv_name)).is_some() || ctx.recently_created(&pv_name) {
         release_if_pv_exists(&pvc, &ctx).await?;
         return Ok(Action::await_change());
     }
@@ -274,7 +274,11 @@ async fn provision(
         return Ok(Action::await_change());
     }
 
-    let pvc = set_finalizer(&ctx, &pvc, true).await?;
+    let pvc = if ctx.settings.claim_finalizer {
+        set_finalizer(&ctx, &pvc, true).await?
+    } else {
+        (*pvc).clone()
+    };
     publish(
         &ctx.recorder,
         &pvc.object_ref(&()),
@@ -345,6 +349,7 @@ async fn provision(
 
     match create_pv(&ctx, &pv).await {
         Ok(()) => {
+            ctx.remember_created(&pv_name);
             publish(
                 &ctx.recorder,
                 &live.object_ref(&()),
@@ -598,54 +603,37 @@ fn finalizers_without(pvc: &PersistentVolumeClaim) -> Vec<String> {
         .collect()
 }
 
-/// Adds or removes our finalizer, with optimistic concurrency; returns the updated claim.
+/// Adds or removes our finalizer; returns the updated claim. A strategic-merge patch touches
+/// only our entry of the list, so it needs no resourceVersion and never conflicts; the API
+/// server refuses to add a finalizer to a claim that is already being deleted.
 async fn set_finalizer(
     ctx: &Context,
     pvc: &PersistentVolumeClaim,
     present: bool,
 ) -> Result<PersistentVolumeClaim, ClaimError> {
+    if has_finalizer(&pvc.metadata.finalizers, FINALIZER_CLAIM) == present {
+        return Ok(pvc.clone());
+    }
     let claims: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default());
-    let mut current = pvc.clone();
-    for attempt in 0..5 {
-        if has_finalizer(&current.metadata.finalizers, FINALIZER_CLAIM) == present {
-            return Ok(current);
-        }
-        let mut finalizers = finalizers_without(&current);
-        if present {
-            finalizers.push(FINALIZER_CLAIM.to_string());
-        }
-        let patch = json!({
-            "metadata": {
-                "resourceVersion": current.metadata.resource_version,
-                "finalizers": finalizers,
-            }
-        });
-        ctx.api_budget().await;
-        match claims
-            .patch(
-                &current.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
-            Ok(updated) => return Ok(updated),
-            Err(kube::Error::Api(status)) if status.is_not_found() && !present => {
-                return Ok(current);
-            }
-            Err(kube::Error::Api(status)) if status.is_conflict() && attempt < 4 => {
-                ctx.api_budget().await;
-                match claims.get_opt(&current.name_any()).await? {
-                    Some(fresh) if fresh.metadata.uid == current.metadata.uid => current = fresh,
-                    _ if !present => return Ok(current),
-                    _ => return Err(kube::Error::Api(status).into()),
-                }
-            }
-            Err(error) => return Err(error.into()),
-        }
+    let patch = if present {
+        json!({ "metadata": { "uid": pvc.metadata.uid, "finalizers": [FINALIZER_CLAIM] } })
+    } else {
+        json!({ "metadata": { "uid": pvc.metadata.uid, "$deleteFromPrimitiveList/finalizers": [FINALIZER_CLAIM] } })
+    };
+    ctx.api_budget().await;
+    match claims
+        .patch(
+            &pvc.name_any(),
+            &PatchParams::default(),
+            &Patch::Strategic(&patch),
+        )
+        .await
+    {
+        Ok(updated) => Ok(updated),
+        Err(kube::Error::Api(status)) if status.is_not_found() && !present => Ok(pvc.clone()),
+        Err(error) => Err(error.into()),
     }
-    unreachable!("the loop returns on its last attempt")
 }
 
 /// Creates the PV, retrying `--create-pv-retry-count` times; AlreadyExists is success.

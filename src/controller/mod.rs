@@ -12,8 +12,12 @@ pub mod failures;
 pub mod ratelimit;
 pub mod volumes;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long a created PV is remembered while the PV cache catches up.
+const CREATED_MEMORY: Duration = Duration::from_secs(120);
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -52,6 +56,8 @@ pub struct Settings {
     pub delete_timeout: Duration,
     /// Manage the library's PV finalizer.
     pub add_pv_finalizer: bool,
+    /// Record provisioning intent as a finalizer on the claim (leak protection; 2 writes per claim).
+    pub claim_finalizer: bool,
     /// Client-side API request rate.
     pub kube_api_qps: f64,
     /// Client-side API request burst.
@@ -78,6 +84,7 @@ impl Default for Settings {
             provision_timeout: Duration::from_secs(300),
             delete_timeout: Duration::from_secs(300),
             add_pv_finalizer: false,
+            claim_finalizer: true,
             kube_api_qps: 20.0,
             kube_api_burst: 40,
             shutdown_grace: Duration::from_secs(30),
@@ -109,6 +116,9 @@ pub struct Context {
     pub volume_failures: Mutex<FailureBook>,
     /// API request budget.
     pub api_rate: RateLimiter,
+    /// PVs this process created, until the PV cache shows them: a claim event arriving before
+    /// the PV's own watch event must not call the guest again.
+    created: Mutex<HashMap<String, Instant>>,
 }
 
 impl Context {
@@ -125,6 +135,22 @@ impl Context {
     /// Looks up a class in the cache.
     pub fn class(&self, name: &str) -> Option<Arc<StorageClass>> {
         self.classes.get(&ObjectRef::new(name))
+    }
+
+    /// Records that we created a PV.
+    pub fn remember_created(&self, pv: &str) {
+        let mut created = self.created.lock().expect("lock");
+        created.retain(|_, at| at.elapsed() < CREATED_MEMORY);
+        created.insert(pv.to_string(), Instant::now());
+    }
+
+    /// Whether we created this PV recently (the cache may not show it yet).
+    pub fn recently_created(&self, pv: &str) -> bool {
+        self.created
+            .lock()
+            .expect("lock")
+            .get(pv)
+            .is_some_and(|at| at.elapsed() < CREATED_MEMORY)
     }
 
     /// Waits for the API request budget.
@@ -175,6 +201,7 @@ pub async fn run(
         claim_failures: Mutex::new(FailureBook::default()),
         volume_failures: Mutex::new(FailureBook::default()),
         settings: settings.clone(),
+        created: Mutex::new(HashMap::new()),
     });
 
     tokio::time::timeout(Duration::from_secs(60), classes.wait_until_ready())

@@ -1,0 +1,466 @@
+//! Controller benchmarks against the local real control plane, printed as tables:
+//!
+//! * throughput: N claims provisioned (PVs exist, claims Bound) and deleted (PVs gone) by the
+//!   provisioner with the hostpath guest, next to the API server's raw rate for the same client
+//!   settings (N PVs created and deleted directly with the same QPS, burst and concurrency);
+//! * API requests per claim, read from kube-apiserver's own request counters;
+//! * memory: the provisioner's RSS once its caches hold M claims and M PVs with three guests;
+//! * start-up: process start to "controller started".
+//!
+//! `WP_BENCH_CLAIMS` (default 1000) and `WP_BENCH_OBJECTS` (default 10000) size the runs.
+//! Nothing is asserted; figures go to stdout.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+use wasm_provisioner::controller::ratelimit::RateLimiter;
+use wp_harness::{ControlPlane, Process, wait_for};
+
+const PROVISIONER: &str = "bench.wasm-provisioner.dev/hostpath";
+
+struct Profile {
+    name: &'static str,
+    qps: f64,
+    burst: u32,
+    workers: usize,
+    extra: &'static [&'static str],
+}
+
+const PROFILES: [Profile; 3] = [
+    Profile {
+        name: "defaults (qps 20, burst 40, 4 workers)",
+        qps: 20.0,
+        burst: 40,
+        workers: 4,
+        extra: &[],
+    },
+    Profile {
+        name: "raised (qps 200, burst 400, 16 workers)",
+        qps: 200.0,
+        burst: 400,
+        workers: 16,
+        extra: &[],
+    },
+    Profile {
+        name: "raised, --claim-finalizer=false",
+        qps: 200.0,
+        burst: 400,
+        workers: 16,
+        extra: &["--claim-finalizer=false"],
+    },
+];
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn rate(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
+}
+
+/// kube-apiserver's `apiserver_request_total`, summed by (verb, resource).
+async fn request_counts(client: &Client) -> anyhow::Result<BTreeMap<(String, String), f64>> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(req).await?;
+    let mut counts = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let (labels, value) = line.rsplit_once(' ').unwrap_or((line, "0"));
+        let label = |key: &str| {
+            labels
+                .split(&format!("{key}=\""))
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or("")
+                .to_string()
+        };
+        let value: f64 = value.parse().unwrap_or(0.0);
+        *counts
+            .entry((label("verb"), label("resource")))
+            .or_insert(0.0) += value;
+    }
+    Ok(counts)
+}
+
+fn pv(name: &str) -> PersistentVolume {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": format!("/tmp/raw/{name}")},
+            "storageClassName": "raw-bench",
+        }
+    }))
+    .expect("PV")
+}
+
+/// The API server's raw rate for one client: N PV creates, then N deletes.
+async fn raw_rate(
+    client: &Client,
+    n: usize,
+    p: &Profile,
+    tag: &str,
+) -> anyhow::Result<(Duration, Duration)> {
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let limiter = Arc::new(RateLimiter::new(p.qps, p.burst));
+    let names: Vec<String> = (0..n).map(|i| format!("raw-{tag}-{i}")).collect();
+    let start = Instant::now();
+    futures::stream::iter(names.iter())
+        .map(|name| {
+            let (pvs, limiter) = (pvs.clone(), limiter.clone());
+            async move {
+                limiter.acquire().await;
+                pvs.create(&PostParams::default(), &pv(name))
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .buffer_unordered(p.workers)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let create = start.elapsed();
+    let start = Instant::now();
+    futures::stream::iter(names.iter())
+        .map(|name| {
+            let (pvs, limiter) = (pvs.clone(), limiter.clone());
+            async move {
+                limiter.acquire().await;
+                pvs.delete(name, &DeleteParams::default()).await.map(|_| ())
+            }
+        })
+        .buffer_unordered(p.workers)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok((create, start.elapsed()))
+}
+
+struct Provisioned {
+    pvs_exist: Duration,
+    all_bound: Duration,
+    all_gone: Duration,
+    calls_per_claim: BTreeMap<String, f64>,
+}
+
+fn plugins_with(dir: &Path, storage: &Path, names: &[&str]) {
+    for (i, name) in names.iter().enumerate() {
+        let provisioner = if i == 0 {
+            PROVISIONER.to_string()
+        } else {
+            format!("{PROVISIONER}-{i}")
+        };
+        std::fs::copy(
+            common::guest_wasm("hostpath"),
+            dir.join(format!("{name}.wasm")),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join(format!("{name}.toml")),
+            common::dir_grant(&provisioner, storage, "/volumes", ""),
+        )
+        .unwrap();
+    }
+}
+
+async fn provision_run(
+    cp: &ControlPlane,
+    admin: &Client,
+    n: usize,
+    p: &Profile,
+    tag: &str,
+) -> anyhow::Result<Provisioned> {
+    let storage = tempfile::tempdir()?;
+    let plugins = tempfile::tempdir()?;
+    plugins_with(plugins.path(), storage.path(), &["hostpath"]);
+    let ns = format!("bench-{tag}");
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+        )
+        .await?;
+    let class = format!("bench-{tag}");
+    Api::<StorageClass>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": class}, "provisioner": PROVISIONER, "reclaimPolicy": "Delete"}))?,
+        )
+        .await?;
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
+    cmd.args(["run", "--plugins"])
+        .arg(plugins.path())
+        .arg("--kubeconfig")
+        .arg(cp.provisioner_kubeconfig())
+        .args([
+            "--kube-api-qps",
+            &p.qps.to_string(),
+            "--kube-api-burst",
+            &p.burst.to_string(),
+        ])
+        .args(["--worker-threads", &p.workers.to_string()])
+        .args(p.extra)
+        .env("RUST_LOG", "warn");
+    let mut process = Process::spawn(cmd, cp.run_dir().join(format!("bench-{tag}.log")))?;
+    let before = request_counts(admin).await?;
+
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), &ns);
+    let pvs: Api<PersistentVolume> = Api::all(admin.clone());
+    let start = Instant::now();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let claims = claims.clone();
+            let class = class.clone();
+            async move {
+                let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+                    "metadata": {"name": format!("c{i}")},
+                    "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+                }))?;
+                claims.create(&PostParams::default(), &claim).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let ours = |list: &[PersistentVolume]| {
+        list.iter()
+            .filter(|p| {
+                p.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
+                    .map(String::as_str)
+                    == Some(PROVISIONER)
+            })
+            .count()
+    };
+    let long = Duration::from_secs(3600);
+    wait_for("all PVs exist", long, || async {
+        let list = pvs.list(&ListParams::default()).await?.items;
+        Ok((ours(&list) >= n).then_some(()))
+    })
+    .await
+    .with_context(|| process.log_tail(40))?;
+    let pvs_exist = start.elapsed();
+    wait_for("all claims Bound", long, || async {
+        let list = claims.list(&ListParams::default()).await?.items;
+        let bound = list
+            .iter()
+            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+            .count();
+        Ok((bound >= n).then_some(()))
+    })
+    .await?;
+    let all_bound = start.elapsed();
+    let after_provision = request_counts(admin).await?;
+
+    let start = Instant::now();
+    claims
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    wait_for("all PVs gone", long, || async {
+        let list = pvs.list(&ListParams::default()).await?.items;
+        Ok((ours(&list) == 0).then_some(()))
+    })
+    .await
+    .with_context(|| process.log_tail(40))?;
+    let all_gone = start.elapsed();
+    let after_delete = request_counts(admin).await?;
+    process.terminate()?;
+
+    // Requests the provisioner makes (PV writes, claim patches, events); the PV controller in
+    // kube-controller-manager updates PVs and claims too, but with PUT, not POST/PATCH/DELETE.
+    let mut calls_per_claim = BTreeMap::new();
+    for (phase, from, to) in [
+        ("provision", &before, &after_provision),
+        ("delete", &after_provision, &after_delete),
+    ] {
+        for (verb, resource) in [
+            ("PATCH", "persistentvolumeclaims"),
+            ("POST", "persistentvolumes"),
+            ("DELETE", "persistentvolumes"),
+            ("GET", "persistentvolumes"),
+            ("POST", "events"),
+        ] {
+            let key = (verb.to_string(), resource.to_string());
+            let delta = to.get(&key).unwrap_or(&0.0) - from.get(&key).unwrap_or(&0.0);
+            if delta > 0.0 {
+                calls_per_claim.insert(format!("{phase}: {verb} {resource}"), delta / n as f64);
+            }
+        }
+    }
+    Ok(Provisioned {
+        pvs_exist,
+        all_bound,
+        all_gone,
+        calls_per_claim,
+    })
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// RSS with M claims and M PVs in the caches and three guests loaded; also start-up time.
+async fn memory_run(
+    cp: &ControlPlane,
+    admin: &Client,
+    m: usize,
+) -> anyhow::Result<(u64, Duration, Duration)> {
+    let ns = "bench-memory";
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+        )
+        .await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), ns);
+    let pvs: Api<PersistentVolume> = Api::all(admin.clone());
+    futures::stream::iter(0..m)
+        .map(|i| {
+            let (claims, pvs) = (claims.clone(), pvs.clone());
+            async move {
+                let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+                    "metadata": {"name": format!("m{i}"), "labels": {"app": "bench"}},
+                    "spec": {"storageClassName": "not-ours", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+                }))?;
+                claims.create(&PostParams::default(), &claim).await?;
+                pvs.create(&PostParams::default(), &pv(&format!("mem-{i}"))).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(64)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let storage = tempfile::tempdir()?;
+    let plugins = tempfile::tempdir()?;
+    plugins_with(
+        plugins.path(),
+        storage.path(),
+        &["guest-a", "guest-b", "guest-c"],
+    );
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
+    cmd.args(["run", "--plugins"])
+        .arg(plugins.path())
+        .arg("--kubeconfig")
+        .arg(cp.admin_kubeconfig())
+        .env("RUST_LOG", "info");
+    let start = Instant::now();
+    let mut process = Process::spawn(cmd, cp.run_dir().join("bench-memory.log"))?;
+    wait_for("controller started", Duration::from_secs(120), || async {
+        Ok(process.log().contains("controller started").then_some(()))
+    })
+    .await?;
+    let ready = start.elapsed();
+    // The claim and PV reflectors fill after start; wait for RSS to settle.
+    let mut last = 0;
+    let mut settled = Instant::now();
+    while settled.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = rss_kib(process.pid()).unwrap_or(0);
+        if now.abs_diff(last) > 512 {
+            settled = Instant::now();
+        }
+        last = now;
+    }
+    let loaded = start.elapsed();
+    process.terminate()?;
+    Ok((last, ready, loaded))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let n = env_usize("WP_BENCH_CLAIMS", 1000);
+    let m = env_usize("WP_BENCH_OBJECTS", 10_000);
+    common::guest_wasm("hostpath");
+    let cp = ControlPlane::start().await?;
+    let admin = cp.admin_client().await?;
+    println!(
+        "machine: {} cores, {}",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        uname()
+    );
+    println!(
+        "\nthroughput: {n} claims, hostpath guest, kube-apiserver/kube-controller-manager v1.20.2 on loopback\n"
+    );
+    println!(
+        "| client settings | raw PV creates/s | provisions/s (PVs exist) | ratio | claims Bound/s | raw PV deletes/s | deletes/s (PVs gone) | ratio |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut calls = Vec::new();
+    for (i, profile) in PROFILES.iter().enumerate() {
+        let (raw_create, raw_delete) = raw_rate(&admin, n, profile, &i.to_string()).await?;
+        let run = provision_run(&cp, &admin, n, profile, &i.to_string()).await?;
+        let (rc, rd) = (rate(n, raw_create), rate(n, raw_delete));
+        let (pc, pd) = (rate(n, run.pvs_exist), rate(n, run.all_gone));
+        println!(
+            "| {} | {rc:.1} | {pc:.1} | {:.2} | {:.1} | {rd:.1} | {pd:.1} | {:.2} |",
+            profile.name,
+            pc / rc,
+            rate(n, run.all_bound),
+            pd / rd
+        );
+        calls.push((profile.name, run.calls_per_claim));
+    }
+    println!(
+        "\nprovisioner API requests per claim (kube-apiserver's apiserver_request_total deltas):\n"
+    );
+    for (profile, calls) in calls {
+        let list: Vec<String> = calls.iter().map(|(k, v)| format!("{k} {v:.2}")).collect();
+        println!("- {profile}: {}", list.join(", "));
+    }
+    let (rss, ready, settled) = memory_run(&cp, &admin, m).await?;
+    println!(
+        "\nmemory and start-up: {m} claims + {m} PVs in the API server, three guests loaded\n"
+    );
+    println!("| figure | value |");
+    println!("|---|---:|");
+    println!("| RSS with caches full | {:.1} MiB |", rss as f64 / 1024.0);
+    println!(
+        "| process start → controller started (3 guests compiled, class cache synced) | {:.0} ms |",
+        ready.as_secs_f64() * 1e3
+    );
+    println!(
+        "| process start → RSS settled (claim and PV caches filled) | {:.1} s |",
+        settled.as_secs_f64()
+    );
+    Ok(())
+}
+
+fn uname() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,120 @@
+//! Guest overhead: one provision through the wasm host (fresh instance, call, result conversion
+//! and validation) against a native Rust implementation of the same hostpath logic. Both create
+//! the same directory in the same temporary directory, and both finish with the host's own
+//! volume-spec validation. Prints median and p99 in µs and their ratio; asserts nothing.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use wasm_provisioner::wasm::bindings::types::{
+    AccessMode, HostPathType, NodeSelectorOperator, NodeSelectorRequirement, NodeSelectorTerm,
+    ProvisionRequest, ReclaimPolicy,
+};
+use wasm_provisioner::wasm::spec::{BuiltVolume, VolumeSpecBuilder};
+use wasm_provisioner::wasm::{Grants, WasmEngine, load_dir};
+
+const PROVISIONER: &str = "bench.wasm-provisioner.dev/hostpath";
+
+/// The hostpath guest's provision, written natively against the same builder the host uses.
+fn native_provision(request: &ProvisionRequest, grants: &Grants, storage: &Path) -> BuiltVolume {
+    let dir = storage.join(&request.pv_name);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let mut spec = VolumeSpecBuilder::default();
+    spec.capacity(request.claim.requested_bytes).unwrap();
+    spec.access_modes(request.claim.access_modes.clone())
+        .unwrap();
+    spec.reclaim_policy(request.storage_class.reclaim_policy);
+    spec.mount_options(request.storage_class.mount_options.clone())
+        .unwrap();
+    spec.host_path(
+        grants,
+        dir.display().to_string(),
+        HostPathType::DirectoryOrCreate,
+    )
+    .unwrap();
+    if let Some(node) = &request.selected_node {
+        spec.node_affinity(vec![NodeSelectorTerm {
+            requirements: vec![NodeSelectorRequirement {
+                key: "kubernetes.io/hostname".into(),
+                operator: NodeSelectorOperator::In,
+                values: vec![node.clone()],
+            }],
+        }])
+        .unwrap();
+    }
+    spec.annotation(
+        "hostpath.wasm-provisioner.dev/dir".into(),
+        request.pv_name.clone(),
+    )
+    .unwrap();
+    spec.finish(grants).expect("valid spec")
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e6
+}
+
+fn summarize(mut samples: Vec<Duration>) -> (f64, f64) {
+    samples.sort();
+    (percentile(&samples, 0.5), percentile(&samples, 0.99))
+}
+
+fn main() {
+    let iterations: usize = std::env::var("WP_BENCH_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let storage = tempfile::tempdir().unwrap();
+    let plugins = common::PluginsDir::new();
+    plugins.add(
+        "hostpath",
+        "hostpath",
+        &common::dir_grant(PROVISIONER, storage.path(), "/volumes", ""),
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let engine = WasmEngine::new().unwrap();
+    let loaded = load_dir(&engine, plugins.path()).unwrap();
+    let guest = loaded.for_provisioner(PROVISIONER).unwrap().clone();
+    let grants = guest.grants().clone();
+
+    let mut claim = common::claim("bench");
+    claim.access_modes = vec![AccessMode::ReadWriteOnce];
+    let mut request = common::request(claim, common::class(PROVISIONER, &[]), &grants.config_json);
+    request.selected_node = Some("node-1".into());
+    request.storage_class.reclaim_policy = ReclaimPolicy::Delete;
+
+    // Warm up both paths (first directory creation, caches, lazy init).
+    for _ in 0..50 {
+        runtime.block_on(guest.provision(&request)).unwrap();
+        native_provision(&request, &grants, storage.path());
+    }
+    let mut wasm = Vec::with_capacity(iterations);
+    let mut native = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        // Interleave so both see the same machine noise.
+        let t = Instant::now();
+        let built = runtime.block_on(guest.provision(&request)).unwrap();
+        wasm.push(t.elapsed());
+        std::hint::black_box(built);
+        let t = Instant::now();
+        let built = native_provision(&request, &grants, storage.path());
+        native.push(t.elapsed());
+        std::hint::black_box(built);
+    }
+    let (wasm_median, wasm_p99) = summarize(wasm);
+    let (native_median, native_p99) = summarize(native);
+    println!("guest overhead: hostpath provision, {iterations} calls each, interleaved");
+    println!("| path | median µs | p99 µs |");
+    println!("|---|---:|---:|");
+    println!("| wasm host (fresh instance per call) | {wasm_median:.1} | {wasm_p99:.1} |");
+    println!("| native Rust, same logic | {native_median:.1} | {native_p99:.1} |");
+    println!(
+        "| ratio wasm / native | {:.2}× | {:.2}× |",
+        wasm_median / native_median,
+        wasm_p99 / native_p99
+    );
+}
