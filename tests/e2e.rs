@@ -98,6 +98,9 @@ impl World {
                 "200ms",
             ])
             .args(["--instance-name", &self.name])
+            // Election is on, as in production; each world has its own lease.
+            .args(["--leader-election-namespace", "wasm-provisioner"])
+            .args(["--leader-election-lease-name", &format!("e2e-{}", self.name)])
             .args(extra)
             .env("RUST_LOG", "info,wasm_provisioner=debug");
         let n = std::fs::read_dir(self.cp.run_dir())

@@ -201,14 +201,18 @@ impl StateDir {
         Ok(Self { config })
     }
 
-    /// Appends `<operation> <pv>` to `calls.log`.
+    /// Appends `<operation> <pv>` (and ` <instance>` when configured) to `calls.log`.
     fn record_call(&self, operation: &str, pv: &str) -> Result<(), ProvisionError> {
         let path = self.config.guest_path("calls.log");
+        let line = match &self.config.instance {
+            Some(instance) => format!("{operation} {pv} {instance}\n"),
+            None => format!("{operation} {pv}\n"),
+        };
         OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
-            .and_then(|mut log| log.write_all(format!("{operation} {pv}\n").as_bytes()))
+            .and_then(|mut log| log.write_all(line.as_bytes()))
             .map_err(|error| io_failed("appending to", &path, error))
     }
 
