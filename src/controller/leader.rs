@@ -518,7 +518,8 @@ pub async fn campaign(
             _ = tokio::time::sleep_until(wait_until) => {}
             // A watch on the lease wakes candidates the moment a holder releases it.
             _ = changed.notified(), if !gate.is_leading() => {}
-            _ = stop.changed() => {}
+            // A dropped sender also means stop.
+            changed = stop.changed() => if changed.is_err() { break },
         }
     }
     if gate.is_leading() {

@@ -201,11 +201,18 @@ impl StateDir {
         Ok(Self { config })
     }
 
-    /// Appends `<operation> <pv>` (and ` <instance>` when configured) to `calls.log`.
+    /// Appends `<operation> <pv>` to `calls.log`; when an instance is configured, also
+    /// ` <instance> <unix ms>`, so tests can tell which replica called when.
     fn record_call(&self, operation: &str, pv: &str) -> Result<(), ProvisionError> {
         let path = self.config.guest_path("calls.log");
         let line = match &self.config.instance {
-            Some(instance) => format!("{operation} {pv} {instance}\n"),
+            Some(instance) => {
+                let millis = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis())
+                    .unwrap_or(0);
+                format!("{operation} {pv} {instance} {millis}\n")
+            }
             None => format!("{operation} {pv}\n"),
         };
         OpenOptions::new()
