@@ -406,12 +406,14 @@ async fn sigkill_of_the_leader_mid_load_fails_over_without_duplicates_or_orphans
     w.start(1, &[])?;
     let (old, leader) = w.wait_leader(Duration::from_secs(30)).await?;
     // Slow provisioning keeps work in flight when the leader dies.
-    let class = w.create_class(&[("delayMs", "300")]).await?;
+    let class = w.create_class(&[("delayMs", "1000")]).await?;
     let count = 80;
     w.create_claims(&class, count).await?;
-    wait_for("some claims bound", Duration::from_secs(120), || async {
-        Ok((w.bound_count().await? >= 10).then_some(()))
-    })
+    wait_for(
+        "a quarter of the guest calls",
+        Duration::from_secs(120),
+        || async { Ok((w.calls().len() >= count / 4).then_some(())) },
+    )
     .await
     .with_context(|| w.logs())?;
     w.replicas[leader].process.as_mut().expect("leader").kill();
@@ -424,8 +426,9 @@ async fn sigkill_of_the_leader_mid_load_fails_over_without_duplicates_or_orphans
         )
         .await?;
     let takeover = killed.elapsed();
+    let bound = w.bound_count().await?;
     println!(
-        "    SIGKILL takeover: {:.2} s (bound: lease duration {} s + retry period {} s); {in_flight} guest calls before the kill",
+        "    SIGKILL takeover: {:.2} s (bound: lease duration {} s + retry period {} s); at the kill {in_flight} of {count} guest calls made, {bound} claims bound when the new leader took over",
         takeover.as_secs_f64(),
         LEASE_DURATION.as_secs(),
         RETRY_PERIOD.as_secs()

@@ -524,10 +524,22 @@ pub async fn campaign(
     }
     if gate.is_leading() {
         gate.close();
+        let reference = lock.reference();
         match lock.release().await {
             Ok(()) => {
                 tracing::info!(lease = lock.name(), %identity, "released the lease");
-                lease_event(&lock, &recorder, format!("{identity} stopped leading")).await;
+                if let Some(reference) = reference {
+                    let note = format!("{identity} stopped leading");
+                    publish(
+                        &recorder,
+                        &reference,
+                        false,
+                        events::LEADER_ELECTION,
+                        "LeaderElection",
+                        note,
+                    )
+                    .await;
+                }
             }
             Err(error) => {
                 tracing::warn!(%error, "could not release the lease; it expires on its own")
