@@ -487,7 +487,7 @@ pub async fn campaign(
                 gate.renewed(started + timing.renew_deadline);
                 if !was_leading {
                     tracing::info!(lease = lock.name(), %identity, "became leader");
-                    lease_event(&lock, &recorder, format!("{identity} became leader")).await;
+                    lease_event(lock.reference(), &recorder, &identity, true).await;
                 }
                 started + timing.retry_period
             }
@@ -504,7 +504,7 @@ pub async fn campaign(
                 if gate.is_leading() && !gate.is_open() {
                     gate.close();
                     tracing::warn!(lease = lock.name(), %identity, "lost the lease; stopped writing, campaigning again");
-                    lease_event(&lock, &recorder, format!("{identity} stopped leading")).await;
+                    lease_event(lock.reference(), &recorder, &identity, false).await;
                 }
                 match other {
                     Ok(Ok(Attempt::HeldBy { until, .. })) if !gate.is_leading() => {
@@ -528,18 +528,7 @@ pub async fn campaign(
         match lock.release().await {
             Ok(()) => {
                 tracing::info!(lease = lock.name(), %identity, "released the lease");
-                if let Some(reference) = reference {
-                    let note = format!("{identity} stopped leading");
-                    publish(
-                        &recorder,
-                        &reference,
-                        false,
-                        events::LEADER_ELECTION,
-                        "LeaderElection",
-                        note,
-                    )
-                    .await;
-                }
+                lease_event(reference, &recorder, &identity, false).await;
             }
             Err(error) => {
                 tracing::warn!(%error, "could not release the lease; it expires on its own")
@@ -548,14 +537,26 @@ pub async fn campaign(
     }
 }
 
-async fn lease_event(lock: &LeaseLock, recorder: &Recorder, note: String) {
-    if let Some(reference) = lock.reference() {
+/// `LeaderElection` on the Lease. The action differs per direction: kube's recorder folds events
+/// with the same reason and action on one object into a series that keeps the first note.
+async fn lease_event(
+    reference: Option<ObjectReference>,
+    recorder: &Recorder,
+    identity: &str,
+    became: bool,
+) {
+    let (action, note) = if became {
+        ("BecameLeader", format!("{identity} became leader"))
+    } else {
+        ("StoppedLeading", format!("{identity} stopped leading"))
+    };
+    if let Some(reference) = reference {
         publish(
             recorder,
             &reference,
             false,
             events::LEADER_ELECTION,
-            "LeaderElection",
+            action,
             note,
         )
         .await;
