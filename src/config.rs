@@ -41,7 +41,7 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the provisioner against a cluster.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show which contract version and hooks a guest implements, and whether this host runs it.
     Inspect {
         /// The guest's `.wasm` file.

@@ -147,7 +147,7 @@ pub enum Election {
     /// Whole-controller lease.
     Leader(Arc<LeaderGate>),
     /// Per-object leases.
-    PerClaim(ObjectLocks),
+    PerClaim(Box<ObjectLocks>),
 }
 
 impl Election {
@@ -156,13 +156,13 @@ impl Election {
         match settings.mode {
             Mode::Off => Election::Off,
             Mode::Leader => Election::Leader(Arc::new(LeaderGate::default())),
-            Mode::PerClaim => Election::PerClaim(ObjectLocks {
+            Mode::PerClaim => Election::PerClaim(Box::new(ObjectLocks {
                 api: Api::namespaced(client.clone(), &settings.namespace),
                 prefix: settings.lease_name.clone(),
                 identity: settings.identity.clone(),
                 timing: settings.timing,
                 sightings: Mutex::new(HashMap::new()),
-            }),
+            })),
         }
     }
 
@@ -390,7 +390,7 @@ mod tests {
 
     #[tokio::test]
     async fn outside_a_scope_nothing_is_gated() {
-        assert!(write_gate().await.unwrap() == false);
+        assert!(!write_gate().await.unwrap());
         assert!(may_write_now());
     }
 

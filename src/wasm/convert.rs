@@ -59,10 +59,11 @@ pub fn quantity_bytes(q: &str) -> Result<u64, ConvertError> {
         _ => return Err(err()),
     };
     // Exact integer path for the common case, so large binary quantities do not lose precision.
-    if let Ok(n) = number.parse::<u64>() {
-        if multiplier >= 1.0 && multiplier.fract() == 0.0 {
-            return n.checked_mul(multiplier as u64).ok_or_else(err);
-        }
+    if let Ok(n) = number.parse::<u64>()
+        && multiplier >= 1.0
+        && multiplier.fract() == 0.0
+    {
+        return n.checked_mul(multiplier as u64).ok_or_else(err);
     }
     let n: f64 = number.parse().map_err(|_| err())?;
     if n < 0.0 || !n.is_finite() {
@@ -86,7 +87,7 @@ pub fn bytes_quantity(bytes: u64) -> Quantity {
         ("Ki", 1 << 10),
     ];
     for (suffix, unit) in UNITS {
-        if bytes >= unit && bytes % unit == 0 {
+        if bytes >= unit && bytes.is_multiple_of(unit) {
             return Quantity(format!("{}{suffix}", bytes / unit));
         }
     }
