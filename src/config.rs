@@ -6,6 +6,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::controller::Settings;
+use crate::controller::gate::{ElectionSettings, Mode};
+use crate::controller::leader::Timing;
 
 /// A Kubernetes dynamic volume provisioner whose storage logic is WebAssembly components.
 #[derive(Debug, Parser)]
@@ -39,7 +41,7 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the provisioner against a cluster.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show which contract version and hooks a guest implements, and whether this host runs it.
     Inspect {
         /// The guest's `.wasm` file.
@@ -109,6 +111,78 @@ pub struct RunArgs {
     /// This replica's name in events.
     #[arg(long, env = "POD_NAME")]
     pub instance_name: Option<String>,
+    /// Elect a leader among replicas (`--leader-election=false` for a single replica).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+    /// `leader`: one replica works, the others stand by; `per-claim`: all work, one lease per claim/volume.
+    #[arg(long, value_enum, default_value_t = ElectionMode::Leader)]
+    pub leader_election_mode: ElectionMode,
+    /// Namespace of the leases [default: $POD_NAMESPACE, else the service account's, else `default`].
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// Name of the leader lease (and prefix of per-claim leases) [default: the binary's name].
+    #[arg(long)]
+    pub leader_election_lease_name: Option<String>,
+    /// How long a lease stays valid for others after its holder last renewed it.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub leader_election_lease_duration: Duration,
+    /// How long the holder keeps writing without a successful renew.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub leader_election_renew_deadline: Duration,
+    /// How often the holder renews and candidates retry.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub leader_election_retry_period: Duration,
+}
+
+/// `--leader-election-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ElectionMode {
+    /// One lease for the whole controller.
+    Leader,
+    /// One short-lived lease per claim and per volume (the 2017 seed's active-active mode).
+    PerClaim,
+}
+
+/// Where a pod's service account namespace is mounted.
+const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// A Lease name from the binary's file name: lower-case, anything else than `[a-z0-9.-]` as `-`.
+fn lease_name_from_binary() -> String {
+    let name: String = std::env::args_os()
+        .next()
+        .and_then(|arg0| {
+            PathBuf::from(arg0)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let name = name.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    if name.is_empty() {
+        "wasm-provisioner".into()
+    } else {
+        name.chars().take(63).collect()
+    }
+}
+
+/// This replica's identity in lease records: host name, `_`, a random suffix (as client-go).
+fn election_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".into());
+    format!("{host}_{:016x}", rand::random::<u64>())
 }
 
 /// `wasm-provisioner provision`.
@@ -187,6 +261,38 @@ impl RunArgs {
             shutdown_grace: self.shutdown_grace,
             reporter: "wasm-provisioner".into(),
             instance: self.instance_name.clone(),
+            election: self.election(),
+        }
+    }
+
+    fn election(&self) -> ElectionSettings {
+        let namespace = self
+            .leader_election_namespace
+            .clone()
+            .or_else(|| {
+                std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
+                    .ok()
+                    .map(|ns| ns.trim().to_string())
+            })
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or_else(|| "default".into());
+        ElectionSettings {
+            mode: match (self.leader_election, self.leader_election_mode) {
+                (false, _) => Mode::Off,
+                (true, ElectionMode::Leader) => Mode::Leader,
+                (true, ElectionMode::PerClaim) => Mode::PerClaim,
+            },
+            namespace,
+            lease_name: self
+                .leader_election_lease_name
+                .clone()
+                .unwrap_or_else(lease_name_from_binary),
+            identity: election_identity(),
+            timing: Timing {
+                lease_duration: self.leader_election_lease_duration,
+                renew_deadline: self.leader_election_renew_deadline,
+                retry_period: self.leader_election_retry_period,
+            },
         }
     }
 }
@@ -219,5 +325,49 @@ mod tests {
         assert_eq!(s.failed_provision_threshold, 15);
         assert_eq!(s.create_pv_retry_count, 5);
         assert_eq!(s.create_pv_retry_interval, Duration::from_secs(10));
+        assert_eq!(s.election.mode, Mode::Leader);
+        assert_eq!(s.election.timing, Timing::default());
+        assert!(s.election.identity.contains('_'), "{}", s.election.identity);
+    }
+
+    #[test]
+    fn election_flags() {
+        let cli = Cli::try_parse_from([
+            "wasm-provisioner",
+            "run",
+            "--plugins",
+            "/p",
+            "--leader-election-mode",
+            "per-claim",
+            "--leader-election-namespace",
+            "ops",
+            "--leader-election-lease-name",
+            "wp-a",
+            "--leader-election-lease-duration",
+            "4s",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("run")
+        };
+        let e = args.settings().election;
+        assert_eq!(e.mode, Mode::PerClaim);
+        assert_eq!(
+            (e.namespace.as_str(), e.lease_name.as_str()),
+            ("ops", "wp-a")
+        );
+        assert_eq!(e.timing.lease_duration, Duration::from_secs(4));
+        let off = Cli::try_parse_from([
+            "wasm-provisioner",
+            "run",
+            "--plugins",
+            "/p",
+            "--leader-election=false",
+        ])
+        .unwrap();
+        let Command::Run(args) = off.command else {
+            panic!("run")
+        };
+        assert_eq!(args.settings().election.mode, Mode::Off);
     }
 }

@@ -9,7 +9,7 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     telemetry::init(cli.log_format);
     let result = match cli.command {
-        Command::Run(args) => run::run(args).await.map(|()| String::new()),
+        Command::Run(args) => run::run(*args).await.map(|()| String::new()),
         Command::Inspect { file } => offline::inspect(&file),
         Command::Provision(args) => {
             offline::provision(

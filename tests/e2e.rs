@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -98,6 +98,12 @@ impl World {
                 "200ms",
             ])
             .args(["--instance-name", &self.name])
+            // Election is on, as in production; each world has its own lease.
+            .args(["--leader-election-namespace", "wasm-provisioner"])
+            .args([
+                "--leader-election-lease-name",
+                &format!("e2e-{}", self.name),
+            ])
             .args(extra)
             .env("RUST_LOG", "info,wasm_provisioner=debug");
         let n = std::fs::read_dir(self.cp.run_dir())
@@ -485,6 +491,15 @@ async fn a_denied_pv_create_cleans_up_the_storage(cp: Arc<ControlPlane>) -> anyh
     }))?;
     Api::<ClusterRoleBinding>::all(w.admin.clone())
         .create(&PostParams::default(), &binding)
+        .await?;
+    // Leader election needs the lease role deploy/rbac.yaml grants in namespace wasm-provisioner.
+    let lease_binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "e2e-no-pv-create-leases", "namespace": "wasm-provisioner"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "wasm-provisioner-leader-election"},
+        "subjects": [{"kind": "User", "name": cp.restricted_user(1), "apiGroup": "rbac.authorization.k8s.io"}],
+    }))?;
+    Api::<RoleBinding>::namespaced(w.admin.clone(), "wasm-provisioner")
+        .create(&PostParams::default(), &lease_binding)
         .await?;
     let kubeconfig = cp.restricted_kubeconfig(1).to_owned();
     w.start_as(&kubeconfig, &["--failed-provision-threshold", "1"])?;

@@ -21,6 +21,7 @@ use super::Context;
 use super::decide::{self, ClaimDecision, FINALIZER_CLAIM, has_finalizer};
 use super::events::{self, publish};
 use super::failures::fingerprint;
+use super::gate::{self, GateError, LockKey};
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError, ProvisionRequest};
 use crate::wasm::convert::{self, ConvertError, PvIdentity};
 use crate::wasm::{CallError, Guest};
@@ -70,12 +71,18 @@ pub enum ClaimError {
     /// The claim has no UID (never from a real API server).
     #[error("claim has no uid")]
     NoUid,
+    /// This replica may not write now (not the leader, or another replica holds the claim).
+    #[error(transparent)]
+    Gate(#[from] GateError),
 }
 
 impl ClaimError {
     /// Whether this failure counts toward `--failed-provision-threshold`.
     pub fn counts(&self) -> bool {
-        !matches!(self, ClaimError::Transient(_) | ClaimError::InBackground(_))
+        !matches!(
+            self,
+            ClaimError::Transient(_) | ClaimError::InBackground(_) | ClaimError::Gate(_)
+        )
     }
 
     /// Short label for logs and metrics.
@@ -93,6 +100,7 @@ impl ClaimError {
             ClaimError::Kube(_) => "api",
             ClaimError::Timeout(_) => "timeout",
             ClaimError::NoUid => "invalid-claim",
+            ClaimError::Gate(_) => "not-leader",
         }
     }
 }
@@ -127,8 +135,22 @@ pub fn claims_of_class(
         .collect()
 }
 
-/// Reconciles one claim: bookkeeping around [`provision`].
+/// Reconciles one claim under the write gate (per-claim mode: the claim's own lease).
 pub async fn reconcile(
+    pvc: Arc<PersistentVolumeClaim>,
+    ctx: Arc<Context>,
+) -> Result<Action, ClaimError> {
+    let uid = pvc.metadata.uid.clone().ok_or(ClaimError::NoUid)?;
+    gate::scope(
+        ctx.election.clone(),
+        LockKey::Claim(uid),
+        reconcile_gated(pvc, ctx),
+    )
+    .await
+}
+
+/// Bookkeeping around [`provision`].
+async fn reconcile_gated(
     pvc: Arc<PersistentVolumeClaim>,
     ctx: Arc<Context>,
 ) -> Result<Action, ClaimError> {
@@ -157,6 +179,10 @@ pub async fn reconcile(
     };
     match outcome {
         Ok(action) => Ok(action),
+        Err(error @ ClaimError::Gate(_)) => {
+            tracing::debug!(parent: &span, %error, "not provisioning on this replica now");
+            Err(error)
+        }
         Err(error) => {
             let _entered = span.enter();
             tracing::warn!(%error, kind = error.label(), "provisioning failed");
@@ -198,6 +224,11 @@ pub fn error_policy(
     let Some(uid) = pvc.metadata.uid.as_deref() else {
         return Action::await_change();
     };
+    if let ClaimError::Gate(gate) = error {
+        return gate
+            .retry_in()
+            .map_or_else(Action::await_change, Action::requeue);
+    }
     let fp = claim_fingerprint(&pvc);
     let mut book = ctx.claim_failures.lock().expect("lock");
     if book.is_given_up(uid, fp) {
@@ -231,6 +262,7 @@ async fn provision(
             return Ok(Action::await_change());
         }
         ClaimDecision::ClassMissing(name) => {
+            ctx.write_gate().await?;
             let error = ClaimError::ClassNotFound(name.to_string());
             warn_claim(&ctx, &pvc, events::PROVISIONING_FAILED, error.to_string()).await;
             return Err(error);
@@ -249,6 +281,15 @@ async fn provision(
         release_if_pv_exists(&pvc, &ctx).await?;
         return Ok(Action::await_change());
     }
+    if ctx.write_gate().await? {
+        // Just took this claim's lease: another replica may have created its PV a moment ago.
+        ctx.api_budget().await;
+        let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+        if pvs.get_opt(&pv_name).await?.is_some() {
+            release_if_pv_exists(&pvc, &ctx).await?;
+            return Ok(Action::await_change());
+        }
+    }
     if decide::wants_block(&pvc) && !guest.supports_block().await.map_err(ClaimError::Guest)? {
         let uid = pvc.metadata.uid.clone().unwrap_or_default();
         ctx.claim_failures
@@ -265,6 +306,7 @@ async fn provision(
         return Ok(Action::await_change());
     }
     let request = provision_request(&pvc, &class, &guest, &pv_name)?;
+    ctx.write_gate().await?;
     if !guest
         .should_provision(&request.claim, &request.storage_class)
         .await
@@ -293,6 +335,7 @@ async fn provision(
     )
     .await;
 
+    ctx.write_gate().await?;
     let built = match guest.provision(&request).await {
         Ok(built) => built,
         Err(CallError::Guest { error, guest: name }) => {
@@ -325,6 +368,7 @@ async fn provision(
         .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
     {
         tracing::info!(pv = %pv_name, "claim deleted while provisioning; deleting the new storage");
+        ctx.write_gate().await?;
         delete_storage(&ctx, &guest, &pv, Some(&class))
             .await
             .map_err(|source| ClaimError::Cleanup {
@@ -347,7 +391,7 @@ async fn provision(
     }
     let live = &pvc;
 
-    match create_pv(&ctx, &pv).await {
+    match create_pv(&ctx, &pv).await? {
         Ok(()) => {
             ctx.remember_created(&pv_name);
             publish(
@@ -379,7 +423,7 @@ async fn provision(
                 ),
             )
             .await;
-            match delete_storage_with_retries(&ctx, &guest, &pv, Some(&class)).await {
+            match delete_storage_with_retries(&ctx, &guest, &pv, Some(&class)).await? {
                 Ok(()) => {
                     set_finalizer(&ctx, live, false).await?;
                     Err(ClaimError::CreatePv {
@@ -445,6 +489,7 @@ async fn guest_declined(
                         "finalizers": finalizers_without(pvc),
                     }
                 });
+                ctx.write_gate().await?;
                 ctx.api_budget().await;
                 claims
                     .patch(
@@ -510,6 +555,7 @@ async fn finish_deleted_claim(
     // Provision is idempotent: asking again yields the description of whatever storage an
     // interrupted attempt created, which is what delete needs.
     let request = provision_request(pvc, &class, &guest, &pv_name)?;
+    ctx.write_gate().await?;
     match guest.provision(&request).await {
         Ok(built) => {
             let pv = convert::persistent_volume(
@@ -521,6 +567,7 @@ async fn finish_deleted_claim(
                 },
                 &built,
             );
+            ctx.write_gate().await?;
             delete_storage(ctx, &guest, &pv, Some(&class))
                 .await
                 .map_err(|source| ClaimError::Cleanup {
@@ -621,6 +668,7 @@ async fn set_finalizer(
     } else {
         json!({ "metadata": { "uid": pvc.metadata.uid, "$deleteFromPrimitiveList/finalizers": [FINALIZER_CLAIM] } })
     };
+    ctx.write_gate().await?;
     ctx.api_budget().await;
     match claims
         .patch(
@@ -636,16 +684,21 @@ async fn set_finalizer(
     }
 }
 
-/// Creates the PV, retrying `--create-pv-retry-count` times; AlreadyExists is success.
-async fn create_pv(ctx: &Context, pv: &PersistentVolume) -> Result<(), kube::Error> {
+/// Creates the PV, retrying `--create-pv-retry-count` times; AlreadyExists is success. The outer
+/// error is the gate closing between attempts: then nothing more is written, not even cleanup.
+async fn create_pv(
+    ctx: &Context,
+    pv: &PersistentVolume,
+) -> Result<Result<(), kube::Error>, GateError> {
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let attempts = ctx.settings.create_pv_retry_count.max(1);
     let mut last = None;
     for attempt in 1..=attempts {
+        ctx.write_gate().await?;
         ctx.api_budget().await;
         match pvs.create(&PostParams::default(), pv).await {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(status)) if status.is_already_exists() => return Ok(()),
+            Ok(_) => return Ok(Ok(())),
+            Err(kube::Error::Api(status)) if status.is_already_exists() => return Ok(Ok(())),
             Err(error) => {
                 tracing::warn!(%error, attempt, attempts, pv = pv.metadata.name.as_deref(), "creating PV failed");
                 last = Some(error);
@@ -655,7 +708,7 @@ async fn create_pv(ctx: &Context, pv: &PersistentVolume) -> Result<(), kube::Err
             }
         }
     }
-    Err(last.expect("at least one attempt"))
+    Ok(Err(last.expect("at least one attempt")))
 }
 
 fn delete_request(
@@ -696,13 +749,14 @@ async fn delete_storage_with_retries(
     guest: &Guest,
     pv: &PersistentVolume,
     class: Option<&StorageClass>,
-) -> Result<(), CallError> {
+) -> Result<Result<(), CallError>, GateError> {
     let attempts = ctx.settings.create_pv_retry_count.max(1);
     let mut attempt = 1;
     loop {
+        ctx.write_gate().await?;
         match delete_storage(ctx, guest, pv, class).await {
-            Ok(()) => return Ok(()),
-            Err(error) if attempt >= attempts => return Err(error),
+            Ok(()) => return Ok(Ok(())),
+            Err(error) if attempt >= attempts => return Ok(Err(error)),
             Err(error) => {
                 tracing::warn!(%error, attempt, attempts, "deleting storage of an unsaved PV failed");
                 attempt += 1;

@@ -27,6 +27,8 @@ pub const GIVEN_UP: &str = "ProvisioningGivenUp";
 pub const DELETE_GIVEN_UP: &str = "DeletionGivenUp";
 /// Normal: the claim was deleted while provisioning and its storage was cleaned up.
 pub const PROVISIONING_ABANDONED: &str = "ProvisioningAbandoned";
+/// Normal, on the Lease: a replica became leader or stopped leading (client-go's reason).
+pub const LEADER_ELECTION: &str = "LeaderElection";
 
 /// Publishes core/v1 Events, as client-go's recorder does. kube-runtime's recorder writes
 /// events.k8s.io/v1 Events into `default` for cluster-scoped objects, which API servers before
@@ -58,7 +60,7 @@ impl Recorder {
     }
 }
 
-/// Publishes an event; a failure to publish is logged, never fatal.
+/// Publishes an event unless the write gate is closed; a failure to publish is logged, never fatal.
 pub async fn publish(
     recorder: &Recorder,
     reference: &ObjectReference,
@@ -67,6 +69,10 @@ pub async fn publish(
     action: &str,
     note: String,
 ) {
+    if !super::gate::may_write_now() {
+        tracing::debug!(reason, "not publishing: this replica may not write now");
+        return;
+    }
     let now = Time(Timestamp::now());
     let namespace = reference
         .namespace

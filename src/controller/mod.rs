@@ -9,6 +9,8 @@ pub mod claims;
 pub mod decide;
 pub mod events;
 pub mod failures;
+pub mod gate;
+pub mod leader;
 pub mod ratelimit;
 pub mod volumes;
 
@@ -68,6 +70,8 @@ pub struct Settings {
     pub reporter: String,
     /// This replica's name in events (pod name or host name).
     pub instance: Option<String>,
+    /// Leader election (`--leader-election*`).
+    pub election: gate::ElectionSettings,
 }
 
 impl Default for Settings {
@@ -90,6 +94,7 @@ impl Default for Settings {
             shutdown_grace: Duration::from_secs(30),
             reporter: "wasm-provisioner".into(),
             instance: None,
+            election: gate::ElectionSettings::default(),
         }
     }
 }
@@ -119,6 +124,8 @@ pub struct Context {
     /// PVs this process created, until the PV cache shows them: a claim event arriving before
     /// the PV's own watch event must not call the guest again.
     created: Mutex<HashMap<String, Instant>>,
+    /// Who may write: the write gate every guest call and API write passes.
+    pub election: Arc<gate::Election>,
 }
 
 impl Context {
@@ -157,6 +164,11 @@ impl Context {
     pub async fn api_budget(&self) {
         self.api_rate.acquire().await;
     }
+
+    /// Checks the write gate right before a guest call or API write (see [`gate::write_gate`]).
+    pub async fn write_gate(&self) -> Result<bool, gate::GateError> {
+        gate::write_gate().await
+    }
 }
 
 /// Runs both controllers until `shutdown` resolves, then lets in-flight work finish.
@@ -166,6 +178,9 @@ pub async fn run(
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
+    if settings.election.mode != gate::Mode::Off {
+        settings.election.timing.validate()?;
+    }
     let (classes, class_writer) = reflector::store::<StorageClass>();
     let class_api: Api<StorageClass> = Api::all(client.clone());
     let class_watch = watcher(class_api.clone(), watcher::Config::default())
@@ -190,6 +205,7 @@ pub async fn run(
         settings.reporter.clone(),
         settings.instance.clone(),
     );
+    let election = Arc::new(gate::Election::new(&client, &settings.election));
     let ctx = Arc::new(Context {
         client: client.clone(),
         plugins: RwLock::new(plugins),
@@ -202,6 +218,7 @@ pub async fn run(
         volume_failures: Mutex::new(FailureBook::default()),
         settings: settings.clone(),
         created: Mutex::new(HashMap::new()),
+        election: election.clone(),
     });
 
     tokio::time::timeout(Duration::from_secs(60), classes.wait_until_ready())
@@ -217,6 +234,23 @@ pub async fn run(
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
+    // Leader mode: every replica watches and reconciles; the campaign opens the gate for one.
+    let (stop_campaign, campaign_stopped) = tokio::sync::watch::channel(false);
+    let campaign = match &*election {
+        gate::Election::Leader(gate) => Some(tokio::spawn(start_campaign(
+            client.clone(),
+            settings.election.clone(),
+            gate.clone(),
+            ctx.recorder.clone(),
+            campaign_stopped,
+        ))),
+        _ => None,
+    };
+    let gained = |election: &gate::Election| match election {
+        gate::Election::Leader(gate) => gate.gained().left_stream(),
+        _ => futures::stream::pending().right_stream(),
+    };
+
     let resync = settings.resync_period;
     let claim_run = claim_controller
         .watches(class_api, watcher::Config::default(), {
@@ -224,6 +258,7 @@ pub async fn run(
             move |class: StorageClass| claims::claims_of_class(&claims, &class)
         })
         .reconcile_all_on(resync_ticks(resync))
+        .reconcile_all_on(gained(&election))
         .graceful_shutdown_on(shutdown_signal(shutdown_rx.clone()))
         .run(claims::reconcile, claims::error_policy, ctx.clone())
         .for_each(|result| async move {
@@ -233,6 +268,7 @@ pub async fn run(
         });
     let volume_run = volume_controller
         .reconcile_all_on(resync_ticks(resync))
+        .reconcile_all_on(gained(&election))
         .graceful_shutdown_on(shutdown_signal(shutdown_rx.clone()))
         .run(volumes::reconcile, volumes::error_policy, ctx.clone())
         .for_each(|result| async move {
@@ -246,6 +282,7 @@ pub async fn run(
         tokio::join!(claim_run, volume_run);
     };
     tokio::pin!(both);
+    let mut campaign = campaign;
     tokio::select! {
         _ = &mut both => {}
         _ = async {
@@ -254,9 +291,57 @@ pub async fn run(
         } => {
             tracing::warn!(?grace, "in-flight work did not finish within the shutdown grace period");
         }
+        // The campaign only ends when told to; if it dies, nothing renews the lease: exit.
+        outcome = async { campaign.as_mut().expect("spawned").await }, if campaign.is_some() => {
+            anyhow::bail!("the leader election task ended unexpectedly: {outcome:?}");
+        }
+    }
+    // In-flight work is done or abandoned (its futures are dropped): hand the lease over now.
+    let _ = stop_campaign.send(true);
+    if let Some(campaign) = campaign {
+        let _ = tokio::time::timeout(Duration::from_secs(5), campaign).await;
     }
     tracing::info!("controller stopped");
     Ok(())
+}
+
+/// Starts campaigning for the whole-controller lease, woken early by a watch on that lease.
+async fn start_campaign(
+    client: Client,
+    settings: gate::ElectionSettings,
+    gate: Arc<leader::LeaderGate>,
+    recorder: events::Recorder,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let api: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client, &settings.namespace);
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let notify = changed.clone();
+    let lease_watch = watcher(
+        api.clone(),
+        watcher::Config::default().fields(&format!("metadata.name={}", settings.lease_name)),
+    )
+    .default_backoff()
+    .for_each(move |_| {
+        notify.notify_one();
+        futures::future::ready(())
+    });
+    let watch_task = tokio::spawn(lease_watch);
+    let lock = leader::LeaseLock::new(
+        api,
+        settings.lease_name.clone(),
+        settings.identity.clone(),
+        settings.timing,
+        Default::default(),
+    );
+    tracing::info!(
+        lease = %settings.lease_name,
+        namespace = %settings.namespace,
+        identity = %settings.identity,
+        "campaigning for leadership"
+    );
+    leader::campaign(lock, gate, changed, recorder, stop).await;
+    watch_task.abort();
 }
 
 fn resync_ticks(period: Duration) -> impl futures::Stream<Item = ()> + Send + 'static {

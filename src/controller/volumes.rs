@@ -14,6 +14,7 @@ use super::Context;
 use super::decide::{self, FINALIZER_PV, has_finalizer};
 use super::events::{self, publish};
 use super::failures::fingerprint;
+use super::gate::{self, GateError, LockKey};
 use crate::wasm::CallError;
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
 use crate::wasm::convert::{self, ConvertError};
@@ -36,12 +37,15 @@ pub enum VolumeError {
     /// The whole operation ran past `--delete-timeout`.
     #[error("deleting did not finish within {0:?}")]
     Timeout(Duration),
+    /// This replica may not write now (not the leader, or another replica holds the volume).
+    #[error(transparent)]
+    Gate(#[from] GateError),
 }
 
 impl VolumeError {
     /// Whether this failure counts toward `--failed-delete-threshold`.
     pub fn counts(&self) -> bool {
-        !matches!(self, VolumeError::Transient(_))
+        !matches!(self, VolumeError::Transient(_) | VolumeError::Gate(_))
     }
 
     /// Short label for logs and metrics.
@@ -53,6 +57,7 @@ impl VolumeError {
             VolumeError::Convert(_) => "invalid-volume",
             VolumeError::Kube(_) => "api",
             VolumeError::Timeout(_) => "timeout",
+            VolumeError::Gate(_) => "not-leader",
         }
     }
 }
@@ -61,8 +66,17 @@ fn volume_fingerprint(pv: &PersistentVolume) -> u64 {
     fingerprint(&pv.spec)
 }
 
-/// Reconciles one PV: bookkeeping around [`delete`].
+/// Reconciles one PV under the write gate (per-claim mode: the volume's own lease).
 pub async fn reconcile(
+    pv: Arc<PersistentVolume>,
+    ctx: Arc<Context>,
+) -> Result<Action, VolumeError> {
+    let key = LockKey::Volume(pv.metadata.uid.clone().unwrap_or_else(|| pv.name_any()));
+    gate::scope(ctx.election.clone(), key, reconcile_gated(pv, ctx)).await
+}
+
+/// Bookkeeping around [`delete`].
+async fn reconcile_gated(
     pv: Arc<PersistentVolume>,
     ctx: Arc<Context>,
 ) -> Result<Action, VolumeError> {
@@ -87,7 +101,9 @@ pub async fn reconcile(
         Ok(outcome) => outcome,
         Err(_) => Err(VolumeError::Timeout(timeout)),
     };
-    if let Err(error) = &outcome {
+    if let Err(error @ VolumeError::Gate(_)) = &outcome {
+        tracing::debug!(parent: &span, %error, "not deleting on this replica now");
+    } else if let Err(error) = &outcome {
         let _entered = span.enter();
         tracing::warn!(%error, kind = error.label(), "deleting volume failed");
         if error.counts() {
@@ -116,6 +132,11 @@ pub async fn reconcile(
 
 /// Requeue policy for volumes.
 pub fn error_policy(pv: Arc<PersistentVolume>, error: &VolumeError, ctx: Arc<Context>) -> Action {
+    if let VolumeError::Gate(gate) = error {
+        return gate
+            .retry_in()
+            .map_or_else(Action::await_change, Action::requeue);
+    }
     let settings = &ctx.settings;
     let mut book = ctx.volume_failures.lock().expect("lock");
     let name = pv.name_any();
@@ -152,6 +173,7 @@ async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, 
         .expect("served")
         .clone();
     let volume = convert::volume(&pv)?;
+    ctx.write_gate().await?;
     if !guest
         .should_delete(&volume)
         .await
@@ -181,6 +203,7 @@ async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, 
         storage_class: ctx.class(&class_name).map(|c| convert::storage_class(&c)),
         config: guest.grants().config_json.clone(),
     };
+    ctx.write_gate().await?;
     match guest.delete(&request).await {
         Ok(()) => {}
         Err(CallError::Guest {
@@ -207,6 +230,7 @@ async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, 
             return Err(VolumeError::Guest(error));
         }
     }
+    ctx.write_gate().await?;
     ctx.api_budget().await;
     match pvs
         .delete(&name, &DeleteParams::default().preconditions_uid(&live))
@@ -262,6 +286,7 @@ async fn set_pv_finalizer(
     let patch = json!({
         "metadata": { "resourceVersion": pv.metadata.resource_version, "finalizers": finalizers }
     });
+    ctx.write_gate().await?;
     ctx.api_budget().await;
     match pvs
         .patch(

@@ -10,6 +10,10 @@ pub struct ScriptedConfig {
     pub guest_dir: String,
     /// The same directory's path on the node: what goes into the PV's `hostPath`.
     pub node_dir: String,
+    /// Which provisioner replica this is, appended to every `calls.log` line when set (the guest
+    /// sees no environment, so replicas sharing one state directory say who called here).
+    #[serde(default)]
+    pub instance: Option<String>,
 }
 
 impl ScriptedConfig {
@@ -51,6 +55,12 @@ mod tests {
             ScriptedConfig::parse(r#"{"guest-dir": "/state/", "node-dir": "/tmp/s"}"#).unwrap();
         assert_eq!(config.guest_path("calls.log"), "/state/calls.log");
         assert_eq!(config.node_path("pvc-1"), "/tmp/s/pvc-1");
+        assert_eq!(config.instance, None);
+        let named = ScriptedConfig::parse(
+            r#"{"guest-dir": "/s", "node-dir": "/n", "instance": "replica-2"}"#,
+        )
+        .unwrap();
+        assert_eq!(named.instance.as_deref(), Some("replica-2"));
     }
 
     #[test]

@@ -201,14 +201,25 @@ impl StateDir {
         Ok(Self { config })
     }
 
-    /// Appends `<operation> <pv>` to `calls.log`.
+    /// Appends `<operation> <pv>` to `calls.log`; when an instance is configured, also
+    /// ` <instance> <unix ms>`, so tests can tell which replica called when.
     fn record_call(&self, operation: &str, pv: &str) -> Result<(), ProvisionError> {
         let path = self.config.guest_path("calls.log");
+        let line = match &self.config.instance {
+            Some(instance) => {
+                let millis = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis())
+                    .unwrap_or(0);
+                format!("{operation} {pv} {instance} {millis}\n")
+            }
+            None => format!("{operation} {pv}\n"),
+        };
         OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
-            .and_then(|mut log| log.write_all(format!("{operation} {pv}\n").as_bytes()))
+            .and_then(|mut log| log.write_all(line.as_bytes()))
             .map_err(|error| io_failed("appending to", &path, error))
     }
 

@@ -132,8 +132,8 @@ impl Process {
             .with_context(|| format!("{} (pid {}) could not be reaped", self.name, self.pid()))
     }
 
-    /// Sends SIGTERM unless the process has already exited.
-    pub(crate) fn send_sigterm(&mut self) {
+    /// Sends SIGTERM unless the process has already exited, without waiting.
+    pub fn send_sigterm(&mut self) {
         if !self.is_running() {
             return;
         }

@@ -100,7 +100,8 @@ async fn main() -> anyhow::Result<()> {
     cmd.args(["run", "--plugins"])
         .arg(&plugins)
         .arg("--kubeconfig")
-        .arg(cp.provisioner_kubeconfig());
+        .arg(cp.provisioner_kubeconfig())
+        .args(["--leader-election-namespace", "wasm-provisioner"]);
     let log = cp.run_dir().join("provisioner.log");
     let mut provisioner = Process::spawn(cmd, log.clone())?;
     println!("    pid {}, log {}", provisioner.pid(), log.display());
