@@ -385,6 +385,7 @@ async fn provision(
 
     match create_pv(&ctx, &pv).await? {
         Ok(()) => {
+            wait_until_cached(&ctx, &pv_name).await;
             publish(
                 &ctx.recorder,
                 &live.object_ref(&()),
@@ -717,6 +718,18 @@ async fn create_pv(
         }
     }
     Ok(Err(last.expect("at least one attempt")))
+}
+
+/// Waits (briefly, bounded) until our own PV watch has seen the PV we created. The claim updates
+/// this reconcile caused queue another reconcile of the claim right after this one; with the PV
+/// in the cache it ends at the cache check instead of calling the guest a second time.
+async fn wait_until_cached(ctx: &Context, pv_name: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while ctx.volumes.get(&ObjectRef::new(pv_name)).is_none()
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 fn delete_request(
