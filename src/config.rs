@@ -105,6 +105,23 @@ pub struct RunArgs {
     /// This replica's name in events.
     #[arg(long, env = "POD_NAME")]
     pub instance_name: Option<String>,
+    /// Serve Prometheus metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:8080); off when unset.
+    #[arg(long)]
+    pub metrics_address: Option<std::net::SocketAddr>,
+    /// Path of the metrics endpoint.
+    #[arg(long, default_value = "/metrics", value_parser = parse_http_path)]
+    pub metrics_path: String,
+}
+
+/// An HTTP path must start with `/` and may not be a health path.
+fn parse_http_path(text: &str) -> Result<String, String> {
+    if !text.starts_with('/') {
+        return Err(format!("{text:?} must start with /"));
+    }
+    if matches!(text, "/healthz" | "/readyz" | "/livez") {
+        return Err(format!("{text} is taken by the health endpoints"));
+    }
+    Ok(text.to_string())
 }
 
 /// `wasm-provisioner provision`.

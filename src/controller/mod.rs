@@ -24,6 +24,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
+use crate::metrics::Metrics;
 use crate::wasm::Plugins;
 use failures::FailureBook;
 use ratelimit::RateLimiter;
@@ -108,6 +109,8 @@ pub struct Context {
     pub volume_failures: Mutex<FailureBook>,
     /// API request budget.
     pub api_rate: RateLimiter,
+    /// Prometheus series and readiness.
+    pub metrics: Metrics,
 }
 
 impl Context {
@@ -118,6 +121,7 @@ impl Context {
 
     /// Replaces the set of guests; calls in flight keep the set they started with.
     pub fn set_plugins(&self, plugins: Arc<Plugins>) {
+        self.metrics.guests_loaded(plugins.len());
         *self.plugins.write().expect("plugins lock") = plugins;
     }
 
@@ -139,6 +143,18 @@ pub async fn run(
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
+    run_with_metrics(client, plugins, settings, Metrics::new(), shutdown).await
+}
+
+/// [`run`], recording into `metrics` and marking it ready once every cache has synced.
+pub async fn run_with_metrics(
+    client: Client,
+    plugins: Arc<Plugins>,
+    settings: Settings,
+    metrics: Metrics,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    metrics.guests_loaded(plugins.len());
     let (classes, class_writer) = reflector::store::<StorageClass>();
     let class_api: Api<StorageClass> = Api::all(client.clone());
     let class_watch = watcher(class_api.clone(), watcher::Config::default())
@@ -154,6 +170,7 @@ pub async fn run(
     let volume_controller =
         Controller::new(pv_api, watcher::Config::default()).with_config(controller_config.clone());
     let volumes = volume_controller.store();
+    let volumes_ready = volumes.clone();
     let claim_controller =
         Controller::new(pvc_api, watcher::Config::default()).with_config(controller_config);
     let claims = claim_controller.store();
@@ -175,6 +192,7 @@ pub async fn run(
         claim_failures: Mutex::new(FailureBook::default()),
         volume_failures: Mutex::new(FailureBook::default()),
         settings: settings.clone(),
+        metrics: metrics.clone(),
     });
 
     tokio::time::timeout(Duration::from_secs(60), classes.wait_until_ready())
@@ -214,6 +232,23 @@ pub async fn run(
             }
         });
     tracing::info!(guests = ctx.plugins().len(), "controller started");
+    // Ready = guests loaded (done before we got here) and every cache synced; the reflectors
+    // of the two controllers only run once their streams are polled below.
+    let readiness = tokio::spawn({
+        let metrics = metrics.clone();
+        async move {
+            let synced = futures::future::try_join3(
+                classes.wait_until_ready(),
+                volumes_ready.wait_until_ready(),
+                claims.wait_until_ready(),
+            )
+            .await;
+            if synced.is_ok() {
+                tracing::info!("caches synced; ready");
+                metrics.set_ready(true);
+            }
+        }
+    });
     let grace = settings.shutdown_grace;
     let both = async {
         tokio::join!(claim_run, volume_run);
@@ -228,6 +263,8 @@ pub async fn run(
             tracing::warn!(?grace, "in-flight work did not finish within the shutdown grace period");
         }
     }
+    readiness.abort();
+    metrics.set_ready(false);
     tracing::info!("controller stopped");
     Ok(())
 }
