@@ -160,8 +160,12 @@ pub async fn run_with_metrics(
     let class_watch = watcher(class_api.clone(), watcher::Config::default())
         .default_backoff()
         .reflect(class_writer)
-        .applied_objects()
-        .for_each(|_| futures::future::ready(()));
+        .for_each(|event| {
+            if let Err(error) = event {
+                tracing::warn!(%error, "watching StorageClasses failed (RBAC: list, watch storageclasses)");
+            }
+            futures::future::ready(())
+        });
     tokio::spawn(class_watch);
 
     let pv_api: Api<PersistentVolume> = Api::all(client.clone());
@@ -218,8 +222,13 @@ pub async fn run_with_metrics(
         .graceful_shutdown_on(shutdown_signal(shutdown_rx.clone()))
         .run(claims::reconcile, claims::error_policy, ctx.clone())
         .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "claim reconcile");
+            match result {
+                // A broken watch stops all work: say so where operators look.
+                Err(error @ kube::runtime::controller::Error::QueueError(_)) => {
+                    tracing::warn!(%error, "watching claims failed (RBAC: list, watch persistentvolumeclaims)");
+                }
+                Err(error) => tracing::debug!(%error, "claim reconcile"),
+                Ok(_) => {}
             }
         });
     let volume_run = volume_controller
@@ -227,8 +236,12 @@ pub async fn run_with_metrics(
         .graceful_shutdown_on(shutdown_signal(shutdown_rx.clone()))
         .run(volumes::reconcile, volumes::error_policy, ctx.clone())
         .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "volume reconcile");
+            match result {
+                Err(error @ kube::runtime::controller::Error::QueueError(_)) => {
+                    tracing::warn!(%error, "watching volumes failed (RBAC: list, watch persistentvolumes)");
+                }
+                Err(error) => tracing::debug!(%error, "volume reconcile"),
+                Ok(_) => {}
             }
         });
     tracing::info!(guests = ctx.plugins().len(), "controller started");
@@ -237,15 +250,20 @@ pub async fn run_with_metrics(
     let readiness = tokio::spawn({
         let metrics = metrics.clone();
         async move {
-            let synced = futures::future::try_join3(
-                classes.wait_until_ready(),
-                volumes_ready.wait_until_ready(),
-                claims.wait_until_ready(),
-            )
-            .await;
-            if synced.is_ok() {
-                tracing::info!("caches synced; ready");
-                metrics.set_ready(true);
+            // Polled, not awaited: a store's readiness is a oneshot that wakes only its latest
+            // waiter, and kube-runtime's own controller loop waits on the same stores.
+            use futures::FutureExt;
+            let synced = |ready: Option<Result<(), _>>| ready.is_some_and(|r| r.is_ok());
+            loop {
+                if synced(classes.wait_until_ready().now_or_never())
+                    && synced(volumes_ready.wait_until_ready().now_or_never())
+                    && synced(claims.wait_until_ready().now_or_never())
+                {
+                    tracing::info!("caches synced; ready");
+                    metrics.set_ready(true);
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
     });

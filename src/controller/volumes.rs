@@ -280,31 +280,47 @@ async fn set_pv_finalizer(
     pv: &PersistentVolume,
     present: bool,
 ) -> Result<(), VolumeError> {
-    let mut finalizers: Vec<String> = pv
-        .metadata
-        .finalizers
-        .iter()
-        .flatten()
-        .filter(|f| *f != FINALIZER_PV)
-        .cloned()
-        .collect();
-    if present {
-        finalizers.push(FINALIZER_PV.to_string());
+    // kube-controller-manager's pv-protection controller writes the same PV around deletion, so
+    // a conflict is expected: re-read and try again rather than fail (and re-run the guest).
+    let mut current = pv.clone();
+    for attempt in 0..5 {
+        if has_finalizer(&current.metadata.finalizers, FINALIZER_PV) == present {
+            return Ok(());
+        }
+        let mut finalizers: Vec<String> = current
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .filter(|f| *f != FINALIZER_PV)
+            .cloned()
+            .collect();
+        if present {
+            finalizers.push(FINALIZER_PV.to_string());
+        }
+        let patch = json!({
+            "metadata": { "resourceVersion": current.metadata.resource_version, "finalizers": finalizers }
+        });
+        ctx.api_budget().await;
+        match pvs
+            .patch(
+                &current.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(()),
+            Err(kube::Error::Api(status)) if status.is_conflict() && attempt < 4 => {
+                ctx.api_budget().await;
+                match pvs.get_opt(&current.name_any()).await? {
+                    Some(fresh) if fresh.metadata.uid == current.metadata.uid => current = fresh,
+                    _ => return Ok(()),
+                }
+            }
+            Err(error) => return Err(error.into()),
+        }
     }
-    let patch = json!({
-        "metadata": { "resourceVersion": pv.metadata.resource_version, "finalizers": finalizers }
-    });
-    ctx.api_budget().await;
-    match pvs
-        .patch(
-            &pv.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
-        Err(error) => Err(error.into()),
-    }
+    unreachable!("the loop returns on its last attempt")
 }
