@@ -505,14 +505,24 @@ async fn without(
         let result = cycle.run("data").await;
         cycle.process.kill();
         let log = cycle.process.log();
+        let refused = log.contains("forbidden") || log.contains("Forbidden");
         match result {
+            // Without `watch` kube-runtime's watcher falls back to re-listing after a backoff,
+            // so a short cycle can still finish; the refused requests show the verb is used.
+            Ok(()) if refused => {
+                eprintln!(
+                    "without {}: the cycle finished only by degraded polling; the provisioner logged refused requests",
+                    variant.name
+                );
+                Ok(())
+            }
             Ok(()) => bail!(
-                "the cycle completed without {:?}: that permission is not needed and should leave deploy/rbac.yaml",
+                "the cycle completed without {:?} and nothing was refused: that permission is not needed and should leave deploy/rbac.yaml",
                 variant.removed
             ),
             Err(step) => {
                 ensure!(
-                    log.contains("forbidden") || log.contains("Forbidden"),
+                    refused,
                     "the cycle broke ({step:#}) but the log shows no forbidden request:\n{}",
                     cycle.log()
                 );
@@ -565,6 +575,12 @@ async fn deploy_rbac_runs_the_cycle_with_health_metrics_and_logs(
             .await
             .with_context(|| cycle.log())?;
     }
+    let log = cycle.process.log();
+    ensure!(
+        !log.contains("forbidden") && !log.contains("Forbidden"),
+        "the deployed RBAC refused a request:\n{}",
+        cycle.log()
+    );
     let (status, metrics) = http_get(address, "/metrics").await?;
     ensure!(status == 200, "/metrics answered {status}");
     let class = &cycle.class;
@@ -596,7 +612,6 @@ async fn deploy_rbac_runs_the_cycle_with_health_metrics_and_logs(
         ensure!(metrics.contains(series), "missing {series}");
     }
     // JSON logs: the success lines carry the operation's span with every identifying field.
-    let log = cycle.process.log();
     let line = |message: &str| -> anyhow::Result<serde_json::Value> {
         let text = log
             .lines()
