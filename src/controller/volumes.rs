@@ -167,11 +167,9 @@ async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Done, Vo
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let name = pv.name_any();
     let ours = decide::claim_provisioner_of_volume(&pv).is_some_and(|p| plugins.serves(p));
-    if ours {
-        if let Some(add) = decide::pv_finalizer_change(&pv, ctx.settings.add_pv_finalizer) {
-            set_pv_finalizer(&ctx, &pvs, &pv, add).await?;
-            return Ok(Done::Nothing);
-        }
+    if ours && let Some(add) = decide::pv_finalizer_change(&pv, ctx.settings.add_pv_finalizer) {
+        set_pv_finalizer(&ctx, &pvs, &pv, add).await?;
+        return Ok(Done::Nothing);
     }
     let Some(provisioner) =
         decide::should_delete(&pv, |p| plugins.serves(p), ctx.settings.add_pv_finalizer)
