@@ -132,6 +132,12 @@ pub struct RunArgs {
     /// How often the holder renews and candidates retry.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub leader_election_retry_period: Duration,
+    /// Serve Prometheus metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:8080); off when unset.
+    #[arg(long)]
+    pub metrics_address: Option<std::net::SocketAddr>,
+    /// Path of the metrics endpoint.
+    #[arg(long, default_value = "/metrics", value_parser = parse_http_path)]
+    pub metrics_path: String,
 }
 
 /// `--leader-election-mode`.
@@ -183,6 +189,17 @@ fn election_identity() -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "unknown-host".into());
     format!("{host}_{:016x}", rand::random::<u64>())
+}
+
+/// An HTTP path must start with `/` and may not be a health path.
+fn parse_http_path(text: &str) -> Result<String, String> {
+    if !text.starts_with('/') {
+        return Err(format!("{text:?} must start with /"));
+    }
+    if matches!(text, "/healthz" | "/readyz" | "/livez") {
+        return Err(format!("{text} is taken by the health endpoints"));
+    }
+    Ok(text.to_string())
 }
 
 /// `wasm-provisioner provision`.

@@ -12,6 +12,8 @@
 
 pub mod config;
 pub mod controller;
+pub mod http;
+pub mod metrics;
 pub mod offline;
 pub mod run;
 pub mod telemetry;

@@ -7,11 +7,20 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::config::RunArgs;
 use crate::controller;
+use crate::http;
+use crate::metrics::Metrics;
 use crate::wasm::{WasmEngine, load_dir};
 
 /// Runs until SIGTERM or SIGINT, then stops taking work and exits once in-flight work is done.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let engine = WasmEngine::new()?;
+    let metrics = Metrics::new();
+    if let Some(address) = args.metrics_address {
+        // Up before the guests load, so liveness answers while readiness still says no.
+        let server = http::Server::bind(address, &args.metrics_path, metrics.clone()).await?;
+        tracing::info!(address = ?server.local_addr(), path = %args.metrics_path, "serving metrics, /healthz and /readyz");
+        tokio::spawn(server.run());
+    }
+    let engine = WasmEngine::new()?.with_metrics(metrics.clone());
     let dir = args.plugins.clone();
     let plugins = tokio::task::spawn_blocking(move || load_dir(&engine, &dir)).await??;
     if plugins.is_empty() {
@@ -26,10 +35,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         None => kube::Config::infer().await?,
     };
     let client = kube::Client::try_from(config)?;
-    controller::run(
+    controller::run_with_metrics(
         client,
         Arc::new(plugins),
         args.settings(),
+        metrics,
         shutdown_signal(),
     )
     .await

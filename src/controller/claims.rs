@@ -22,6 +22,7 @@ use super::decide::{self, ClaimDecision, FINALIZER_CLAIM, has_finalizer};
 use super::events::{self, publish};
 use super::failures::fingerprint;
 use super::gate::{self, GateError, LockKey};
+use crate::metrics::Queue;
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError, ProvisionRequest};
 use crate::wasm::convert::{self, ConvertError, PvIdentity};
 use crate::wasm::{CallError, Guest};
@@ -105,6 +106,24 @@ impl ClaimError {
     }
 }
 
+/// How a provision attempt that did not fail ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Done {
+    /// A PV was created for the claim.
+    Provisioned,
+    /// Nothing to do, or the claim was settled without a PV (ignored, abandoned, cleaned up).
+    Nothing,
+}
+
+/// The data-source kind of a claim, the library's `source` metric label ("" without one).
+fn source_kind(pvc: &PersistentVolumeClaim) -> String {
+    pvc.spec
+        .as_ref()
+        .and_then(|s| s.data_source.as_ref())
+        .map(|d| d.kind.clone())
+        .unwrap_or_default()
+}
+
 /// What identifies "the same claim spec" for give-up purposes.
 fn claim_fingerprint(pvc: &PersistentVolumeClaim) -> u64 {
     fingerprint(&(
@@ -155,7 +174,17 @@ async fn reconcile_gated(
     ctx: Arc<Context>,
 ) -> Result<Action, ClaimError> {
     let uid = pvc.metadata.uid.clone().ok_or(ClaimError::NoUid)?;
-    let span = info_span!("claim", namespace = %pvc.namespace().unwrap_or_default(), claim = %pvc.name_any(), %uid);
+    let reconciling = ctx.metrics.reconcile_started(Queue::Claims, &uid);
+    let class = decide::claim_class(&pvc).unwrap_or_default().to_string();
+    let span = info_span!(
+        "claim",
+        namespace = %pvc.namespace().unwrap_or_default(),
+        claim = %pvc.name_any(),
+        %uid,
+        pv = decide::pv_name(&pvc).unwrap_or_default(),
+        class = %class,
+        guest = tracing::field::Empty,
+    );
     let fp = claim_fingerprint(&pvc);
     let deleting = pvc.metadata.deletion_timestamp.is_some();
     if !deleting
@@ -178,7 +207,14 @@ async fn reconcile_gated(
         Err(_) => Err(ClaimError::Timeout(timeout)),
     };
     match outcome {
-        Ok(action) => Ok(action),
+        Ok(done) => {
+            if done == Done::Provisioned {
+                let took = reconciling.elapsed();
+                ctx.metrics
+                    .provision_succeeded(&class, &source_kind(&pvc), took);
+            }
+            Ok(Action::await_change())
+        }
         Err(error @ ClaimError::Gate(_)) => {
             tracing::debug!(parent: &span, %error, "not provisioning on this replica now");
             Err(error)
@@ -186,6 +222,8 @@ async fn reconcile_gated(
         Err(error) => {
             let _entered = span.enter();
             tracing::warn!(%error, kind = error.label(), "provisioning failed");
+            ctx.metrics
+                .provision_failed(&class, &source_kind(&pvc), error.label());
             if error.counts() {
                 let threshold = ctx.settings.failed_provision_threshold;
                 let failures = ctx
@@ -234,6 +272,7 @@ pub fn error_policy(
     if book.is_given_up(uid, fp) {
         return Action::await_change();
     }
+    ctx.metrics.retry_scheduled(Queue::Claims, uid);
     if !error.counts() {
         return Action::requeue(settings.retry_interval_start);
     }
@@ -245,10 +284,7 @@ pub fn error_policy(
     ))
 }
 
-async fn provision(
-    pvc: Arc<PersistentVolumeClaim>,
-    ctx: Arc<Context>,
-) -> Result<Action, ClaimError> {
+async fn provision(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result<Done, ClaimError> {
     if pvc.metadata.deletion_timestamp.is_some() {
         return finish_deleted_claim(&pvc, &ctx).await;
     }
@@ -259,7 +295,7 @@ async fn provision(
         ClaimDecision::Skip(reason) => {
             tracing::trace!(reason, "not provisioning");
             release_if_pv_exists(&pvc, &ctx).await?;
-            return Ok(Action::await_change());
+            return Ok(Done::Nothing);
         }
         ClaimDecision::ClassMissing(name) => {
             ctx.write_gate().await?;
@@ -276,10 +312,11 @@ async fn provision(
         .for_provisioner(&provisioner)
         .expect("decided for a served provisioner")
         .clone();
+    tracing::Span::current().record("guest", guest.name());
     let pv_name = decide::pv_name(&pvc).ok_or(ClaimError::NoUid)?;
     if ctx.volumes.get(&ObjectRef::new(&pv_name)).is_some() || ctx.recently_created(&pv_name) {
         release_if_pv_exists(&pvc, &ctx).await?;
-        return Ok(Action::await_change());
+        return Ok(Done::Nothing);
     }
     if ctx.write_gate().await? {
         // Just took this claim's lease: another replica may have created its PV a moment ago.
@@ -287,7 +324,7 @@ async fn provision(
         let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
         if pvs.get_opt(&pv_name).await?.is_some() {
             release_if_pv_exists(&pvc, &ctx).await?;
-            return Ok(Action::await_change());
+            return Ok(Done::Nothing);
         }
     }
     if decide::wants_block(&pvc) && !guest.supports_block().await.map_err(ClaimError::Guest)? {
@@ -303,7 +340,7 @@ async fn provision(
             format!("{provisioner} does not support block volume provisioning"),
         )
         .await;
-        return Ok(Action::await_change());
+        return Ok(Done::Nothing);
     }
     let request = provision_request(&pvc, &class, &guest, &pv_name)?;
     ctx.write_gate().await?;
@@ -313,7 +350,7 @@ async fn provision(
         .map_err(ClaimError::Guest)?
     {
         tracing::debug!("guest's qualifier declined the claim");
-        return Ok(Action::await_change());
+        return Ok(Done::Nothing);
     }
 
     let pvc = if ctx.settings.claim_finalizer {
@@ -387,7 +424,7 @@ async fn provision(
             )
             .await;
         }
-        return Ok(Action::await_change());
+        return Ok(Done::Nothing);
     }
     let live = &pvc;
 
@@ -409,7 +446,7 @@ async fn provision(
                 .expect("lock")
                 .forget(live.metadata.uid.as_deref().unwrap_or_default());
             tracing::info!(pv = %pv_name, guest = guest.name(), "provisioned");
-            Ok(Action::await_change())
+            Ok(Done::Provisioned)
         }
         Err(source) => {
             warn_claim(
@@ -459,12 +496,12 @@ async fn guest_declined(
     pvc: &PersistentVolumeClaim,
     guest: String,
     error: ProvisionError,
-) -> Result<Action, ClaimError> {
+) -> Result<Done, ClaimError> {
     match error {
         ProvisionError::Ignored(reason) => {
             tracing::debug!(%guest, %reason, "guest ignored the claim");
             set_finalizer(ctx, pvc, false).await?;
-            Ok(Action::await_change())
+            Ok(Done::Nothing)
         }
         ProvisionError::Transient(message) => Err(ClaimError::Transient(message)),
         ProvisionError::InBackground(message) => Err(ClaimError::InBackground(message)),
@@ -501,7 +538,7 @@ async fn guest_declined(
             } else {
                 set_finalizer(ctx, pvc, false).await?;
             }
-            Ok(Action::await_change())
+            Ok(Done::Nothing)
         }
         ProvisionError::Final(message) => {
             let error = CallError::Guest {
@@ -518,9 +555,9 @@ async fn guest_declined(
 async fn finish_deleted_claim(
     pvc: &PersistentVolumeClaim,
     ctx: &Context,
-) -> Result<Action, ClaimError> {
+) -> Result<Done, ClaimError> {
     if !has_finalizer(&pvc.metadata.finalizers, FINALIZER_CLAIM) {
-        return Ok(Action::await_change());
+        return Ok(Done::Nothing);
     }
     let pv_name = decide::pv_name(pvc).ok_or(ClaimError::NoUid)?;
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
@@ -528,7 +565,7 @@ async fn finish_deleted_claim(
     if pvs.get_opt(&pv_name).await?.is_some() {
         // The PV exists: its reclaim policy now decides what happens to the storage.
         set_finalizer(ctx, pvc, false).await?;
-        return Ok(Action::await_change());
+        return Ok(Done::Nothing);
     }
     let plugins = ctx.plugins();
     let provisioner = decide::claim_provisioner(pvc)
@@ -598,7 +635,7 @@ async fn finish_deleted_claim(
         ),
     )
     .await;
-    Ok(Action::await_change())
+    Ok(Done::Nothing)
 }
 
 fn provision_request(

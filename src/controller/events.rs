@@ -3,9 +3,13 @@
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use serde_json::json;
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
 
 use super::ratelimit::RateLimiter;
 
@@ -36,12 +40,30 @@ pub const LEADER_ELECTION: &str = "LeaderElection";
 ///
 /// Events are written in the background with their own request budget (as client-go's event
 /// broadcaster does), so reporting never slows provisioning down or eats its API budget.
+///
+/// Like client-go's correlator, an event that repeats (same object, type, reason and message
+/// within [`SERIES_WINDOW`]) is not written again: the first one's `count` is patched instead.
 #[derive(Clone)]
 pub struct Recorder {
     client: Client,
     component: String,
     instance: Option<String>,
     budget: Arc<RateLimiter>,
+    series: Arc<Mutex<HashMap<SeriesKey, Series>>>,
+}
+
+/// How long a repeated event is folded into the first one.
+const SERIES_WINDOW: Duration = Duration::from_secs(10 * 60);
+
+/// Object UID, type, reason, message.
+type SeriesKey = (String, String, String, String);
+
+#[derive(Clone)]
+struct Series {
+    namespace: String,
+    name: String,
+    count: i32,
+    first_seen: std::time::Instant,
 }
 
 /// Event writes per second, and burst, independent of `--kube-api-qps`.
@@ -56,6 +78,7 @@ impl Recorder {
             component,
             instance,
             budget: Arc::new(RateLimiter::new(EVENT_QPS, EVENT_BURST)),
+            series: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 }
@@ -102,12 +125,53 @@ pub async fn publish(
         reporting_instance: recorder.instance.clone(),
         ..Default::default()
     };
-    let events: Api<Event> = Api::namespaced(recorder.client.clone(), &namespace);
+    let key: SeriesKey = (
+        reference.uid.clone().unwrap_or_default(),
+        event.type_.clone().unwrap_or_default(),
+        reason.to_string(),
+        event.message.clone().unwrap_or_default(),
+    );
+    let repeat = {
+        let mut series = recorder.series.lock().expect("event series lock");
+        series.retain(|_, s| s.first_seen.elapsed() < SERIES_WINDOW);
+        match series.get_mut(&key) {
+            Some(s) => {
+                s.count += 1;
+                Some(s.clone())
+            }
+            None => {
+                series.insert(
+                    key,
+                    Series {
+                        namespace: namespace.clone(),
+                        name: event.metadata.name.clone().unwrap_or_default(),
+                        count: 1,
+                        first_seen: std::time::Instant::now(),
+                    },
+                );
+                None
+            }
+        }
+    };
     let budget = recorder.budget.clone();
+    let client = recorder.client.clone();
     let reason = reason.to_string();
     tokio::spawn(async move {
         budget.acquire().await;
-        if let Err(error) = events.create(&PostParams::default(), &event).await {
+        let result = match repeat {
+            None => Api::<Event>::namespaced(client, &namespace)
+                .create(&PostParams::default(), &event)
+                .await
+                .map(|_| ()),
+            Some(series) => {
+                let patch = json!({ "count": series.count, "lastTimestamp": event.last_timestamp });
+                Api::<Event>::namespaced(client, &series.namespace)
+                    .patch(&series.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ())
+            }
+        };
+        if let Err(error) = result {
             tracing::warn!(%error, reason, "could not publish event");
         }
     });

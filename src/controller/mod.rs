@@ -29,6 +29,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
+use crate::metrics::Metrics;
 use crate::wasm::Plugins;
 use failures::FailureBook;
 use ratelimit::RateLimiter;
@@ -126,6 +127,8 @@ pub struct Context {
     created: Mutex<HashMap<String, Instant>>,
     /// Who may write: the write gate every guest call and API write passes.
     pub election: Arc<gate::Election>,
+    /// Prometheus series and readiness.
+    pub metrics: Metrics,
 }
 
 impl Context {
@@ -136,6 +139,7 @@ impl Context {
 
     /// Replaces the set of guests; calls in flight keep the set they started with.
     pub fn set_plugins(&self, plugins: Arc<Plugins>) {
+        self.metrics.guests_loaded(plugins.len());
         *self.plugins.write().expect("plugins lock") = plugins;
     }
 
@@ -178,6 +182,18 @@ pub async fn run(
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
+    run_with_metrics(client, plugins, settings, Metrics::new(), shutdown).await
+}
+
+/// [`run`], recording into `metrics` and marking it ready once every cache has synced.
+pub async fn run_with_metrics(
+    client: Client,
+    plugins: Arc<Plugins>,
+    settings: Settings,
+    metrics: Metrics,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    metrics.guests_loaded(plugins.len());
     if settings.election.mode != gate::Mode::Off {
         settings.election.timing.validate()?;
     }
@@ -186,8 +202,12 @@ pub async fn run(
     let class_watch = watcher(class_api.clone(), watcher::Config::default())
         .default_backoff()
         .reflect(class_writer)
-        .applied_objects()
-        .for_each(|_| futures::future::ready(()));
+        .for_each(|event| {
+            if let Err(error) = event {
+                tracing::warn!(%error, "watching StorageClasses failed (RBAC: list, watch storageclasses)");
+            }
+            futures::future::ready(())
+        });
     tokio::spawn(class_watch);
 
     let pv_api: Api<PersistentVolume> = Api::all(client.clone());
@@ -196,6 +216,7 @@ pub async fn run(
     let volume_controller =
         Controller::new(pv_api, watcher::Config::default()).with_config(controller_config.clone());
     let volumes = volume_controller.store();
+    let volumes_ready = volumes.clone();
     let claim_controller =
         Controller::new(pvc_api, watcher::Config::default()).with_config(controller_config);
     let claims = claim_controller.store();
@@ -219,6 +240,7 @@ pub async fn run(
         settings: settings.clone(),
         created: Mutex::new(HashMap::new()),
         election: election.clone(),
+        metrics: metrics.clone(),
     });
 
     tokio::time::timeout(Duration::from_secs(60), classes.wait_until_ready())
@@ -262,8 +284,13 @@ pub async fn run(
         .graceful_shutdown_on(shutdown_signal(shutdown_rx.clone()))
         .run(claims::reconcile, claims::error_policy, ctx.clone())
         .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "claim reconcile");
+            match result {
+                // A broken watch stops all work: say so where operators look.
+                Err(error @ kube::runtime::controller::Error::QueueError(_)) => {
+                    tracing::warn!(%error, "watching claims failed (RBAC: list, watch persistentvolumeclaims)");
+                }
+                Err(error) => tracing::debug!(%error, "claim reconcile"),
+                Ok(_) => {}
             }
         });
     let volume_run = volume_controller
@@ -272,11 +299,37 @@ pub async fn run(
         .graceful_shutdown_on(shutdown_signal(shutdown_rx.clone()))
         .run(volumes::reconcile, volumes::error_policy, ctx.clone())
         .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "volume reconcile");
+            match result {
+                Err(error @ kube::runtime::controller::Error::QueueError(_)) => {
+                    tracing::warn!(%error, "watching volumes failed (RBAC: list, watch persistentvolumes)");
+                }
+                Err(error) => tracing::debug!(%error, "volume reconcile"),
+                Ok(_) => {}
             }
         });
     tracing::info!(guests = ctx.plugins().len(), "controller started");
+    // Ready = guests loaded (done before we got here) and every cache synced; the reflectors
+    // of the two controllers only run once their streams are polled below.
+    let readiness = tokio::spawn({
+        let metrics = metrics.clone();
+        async move {
+            // Polled, not awaited: a store's readiness is a oneshot that wakes only its latest
+            // waiter, and kube-runtime's own controller loop waits on the same stores.
+            use futures::FutureExt;
+            let synced = |ready: Option<Result<(), _>>| ready.is_some_and(|r| r.is_ok());
+            loop {
+                if synced(classes.wait_until_ready().now_or_never())
+                    && synced(volumes_ready.wait_until_ready().now_or_never())
+                    && synced(claims.wait_until_ready().now_or_never())
+                {
+                    tracing::info!("caches synced; ready");
+                    metrics.set_ready(true);
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    });
     let grace = settings.shutdown_grace;
     let both = async {
         tokio::join!(claim_run, volume_run);
@@ -301,6 +354,8 @@ pub async fn run(
     if let Some(campaign) = campaign {
         let _ = tokio::time::timeout(Duration::from_secs(5), campaign).await;
     }
+    readiness.abort();
+    metrics.set_ready(false);
     tracing::info!("controller stopped");
     Ok(())
 }

@@ -15,6 +15,7 @@ use super::decide::{self, FINALIZER_PV, has_finalizer};
 use super::events::{self, publish};
 use super::failures::fingerprint;
 use super::gate::{self, GateError, LockKey};
+use crate::metrics::Queue;
 use crate::wasm::CallError;
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
 use crate::wasm::convert::{self, ConvertError};
@@ -62,6 +63,15 @@ impl VolumeError {
     }
 }
 
+/// How a delete attempt that did not fail ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Done {
+    /// The storage and the PV are gone.
+    Deleted,
+    /// Nothing to do (not ours, not released, kept by the guest, finalizer bookkeeping).
+    Nothing,
+}
+
 fn volume_fingerprint(pv: &PersistentVolume) -> u64 {
     fingerprint(&pv.spec)
 }
@@ -90,7 +100,21 @@ async fn reconcile_gated(
     {
         return Ok(Action::await_change());
     }
-    let span = info_span!("volume", pv = %name);
+    let reconciling = ctx.metrics.reconcile_started(Queue::Volumes, &name);
+    let class = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.clone())
+        .unwrap_or_default();
+    let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+    let span = info_span!(
+        "volume",
+        pv = %name,
+        class = %class,
+        namespace = claim_ref.and_then(|r| r.namespace.clone()).unwrap_or_default(),
+        claim = claim_ref.and_then(|r| r.name.clone()).unwrap_or_default(),
+        guest = tracing::field::Empty,
+    );
     let timeout = ctx.settings.delete_timeout;
     let outcome = match tokio::time::timeout(
         timeout,
@@ -101,11 +125,15 @@ async fn reconcile_gated(
         Ok(outcome) => outcome,
         Err(_) => Err(VolumeError::Timeout(timeout)),
     };
+    if let Ok(Done::Deleted) = outcome {
+        ctx.metrics.delete_succeeded(&class, reconciling.elapsed());
+    }
     if let Err(error @ VolumeError::Gate(_)) = &outcome {
         tracing::debug!(parent: &span, %error, "not deleting on this replica now");
     } else if let Err(error) = &outcome {
         let _entered = span.enter();
         tracing::warn!(%error, kind = error.label(), "deleting volume failed");
+        ctx.metrics.delete_failed(&class, error.label());
         if error.counts() {
             let threshold = ctx.settings.failed_delete_threshold;
             let failures = ctx
@@ -127,7 +155,7 @@ async fn reconcile_gated(
             }
         }
     }
-    outcome
+    outcome.map(|_| Action::await_change())
 }
 
 /// Requeue policy for volumes.
@@ -144,6 +172,7 @@ pub fn error_policy(pv: Arc<PersistentVolume>, error: &VolumeError, ctx: Arc<Con
     if book.is_given_up(&name, fp) {
         return Action::await_change();
     }
+    ctx.metrics.retry_scheduled(Queue::Volumes, &name);
     if !error.counts() {
         return Action::requeue(settings.retry_interval_start);
     }
@@ -154,24 +183,25 @@ pub fn error_policy(pv: Arc<PersistentVolume>, error: &VolumeError, ctx: Arc<Con
     ))
 }
 
-async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, VolumeError> {
+async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Done, VolumeError> {
     let plugins = ctx.plugins();
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let name = pv.name_any();
     let ours = decide::claim_provisioner_of_volume(&pv).is_some_and(|p| plugins.serves(p));
     if ours && let Some(add) = decide::pv_finalizer_change(&pv, ctx.settings.add_pv_finalizer) {
         set_pv_finalizer(&ctx, &pvs, &pv, add).await?;
-        return Ok(Action::await_change());
+        return Ok(Done::Nothing);
     }
     let Some(provisioner) =
         decide::should_delete(&pv, |p| plugins.serves(p), ctx.settings.add_pv_finalizer)
     else {
-        return Ok(Action::await_change());
+        return Ok(Done::Nothing);
     };
     let guest = plugins
         .for_provisioner(provisioner)
         .expect("served")
         .clone();
+    tracing::Span::current().record("guest", guest.name());
     let volume = convert::volume(&pv)?;
     ctx.write_gate().await?;
     if !guest
@@ -180,18 +210,18 @@ async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, 
         .map_err(VolumeError::Guest)?
     {
         tracing::debug!("guest's deletion guard kept the volume");
-        return Ok(Action::await_change());
+        return Ok(Done::Nothing);
     }
     // Re-read from the API server: the cache may be behind (the PV rebound, already deleted).
     ctx.api_budget().await;
     let Some(live) = pvs.get_opt(&name).await? else {
-        return Ok(Action::await_change());
+        return Ok(Done::Nothing);
     };
     if live.metadata.uid != pv.metadata.uid
         || decide::should_delete(&live, |p| plugins.serves(p), ctx.settings.add_pv_finalizer)
             .is_none()
     {
-        return Ok(Action::await_change());
+        return Ok(Done::Nothing);
     }
     let class_name = live
         .spec
@@ -211,7 +241,7 @@ async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, 
             ..
         }) => {
             tracing::debug!(%reason, "guest ignored the volume");
-            return Ok(Action::await_change());
+            return Ok(Done::Nothing);
         }
         Err(CallError::Guest {
             error: ProvisionError::Transient(m) | ProvisionError::InBackground(m),
@@ -248,7 +278,7 @@ async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, 
     }
     ctx.volume_failures.lock().expect("lock").forget(&name);
     tracing::info!(guest = guest.name(), "volume deleted");
-    Ok(Action::await_change())
+    Ok(Done::Deleted)
 }
 
 trait PreconditionsUid {
@@ -272,27 +302,20 @@ async fn set_pv_finalizer(
     pv: &PersistentVolume,
     present: bool,
 ) -> Result<(), VolumeError> {
-    let mut finalizers: Vec<String> = pv
-        .metadata
-        .finalizers
-        .iter()
-        .flatten()
-        .filter(|f| *f != FINALIZER_PV)
-        .cloned()
-        .collect();
-    if present {
-        finalizers.push(FINALIZER_PV.to_string());
-    }
-    let patch = json!({
-        "metadata": { "resourceVersion": pv.metadata.resource_version, "finalizers": finalizers }
-    });
+    // A strategic-merge patch touches only our entry of the list: no resourceVersion, so no
+    // conflict with kube-controller-manager's pv-protection controller writing the same PV.
+    let patch = if present {
+        json!({ "metadata": { "uid": pv.metadata.uid, "finalizers": [FINALIZER_PV] } })
+    } else {
+        json!({ "metadata": { "uid": pv.metadata.uid, "$deleteFromPrimitiveList/finalizers": [FINALIZER_PV] } })
+    };
     ctx.write_gate().await?;
     ctx.api_budget().await;
     match pvs
         .patch(
             &pv.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(&patch),
+            &Patch::Strategic(&patch),
         )
         .await
     {

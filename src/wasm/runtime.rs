@@ -25,6 +25,7 @@ use super::contract::{ContractError, ContractInfo, Hook};
 use super::grants::{DirAccess, Grants};
 use super::host::GuestState;
 use super::spec::BuiltVolume;
+use crate::metrics::Metrics;
 
 /// How often the epoch ticks; deadlines are checked against the wall clock on each tick.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -158,6 +159,7 @@ fn describe_guest_error(error: &ProvisionError) -> String {
 pub struct WasmEngine {
     engine: Engine,
     linker: Arc<Linker<GuestState>>,
+    metrics: Option<Metrics>,
 }
 
 impl WasmEngine {
@@ -188,7 +190,14 @@ impl WasmEngine {
         Ok(WasmEngine {
             engine,
             linker: Arc::new(linker),
+            metrics: None,
         })
+    }
+
+    /// Guests loaded from now on record their calls in `metrics`.
+    pub fn with_metrics(mut self, metrics: Metrics) -> WasmEngine {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The underlying wasmtime engine.
@@ -258,6 +267,7 @@ impl WasmEngine {
             qualifier,
             deletion_guard,
             block_support,
+            metrics: self.metrics.clone(),
         })
     }
 }
@@ -274,6 +284,7 @@ pub struct Guest {
     qualifier: Option<qualifier::GuestIndices>,
     deletion_guard: Option<deletion_guard::GuestIndices>,
     block_support: Option<block_support::GuestIndices>,
+    metrics: Option<Metrics>,
 }
 
 /// Captured guest output of one call.
@@ -356,6 +367,7 @@ impl Guest {
         let (store, output) = self.new_store(Instant::now() + timeout)?;
         Ok(CallScope {
             guest: self,
+            started: Instant::now(),
             _permit: permit,
             store,
             output,
@@ -521,6 +533,7 @@ impl Guest {
 /// One call in progress: the concurrency slot, the fresh store and its captured output.
 struct CallScope<'g> {
     guest: &'g Guest,
+    started: Instant,
     _permit: tokio::sync::SemaphorePermit<'g>,
     store: Store<GuestState>,
     output: Output,
@@ -528,14 +541,40 @@ struct CallScope<'g> {
 }
 
 impl CallScope<'_> {
-    /// Logs the guest's output and turns the outcome into a result, classifying faults.
-    fn finish<R>(
+    /// Logs the guest's output, turns the outcome into a result (classifying faults) and
+    /// records the call in the guest metrics: the one place every guest call passes.
+    fn finish<R: CallOutcome>(
         self,
         operation: &'static str,
         outcome: Result<wasmtime::Result<R>, tokio::time::error::Elapsed>,
     ) -> Result<R, CallError> {
         let guest = self.guest;
         guest.log_output(operation, &self.output);
+        let result = self.classify_outcome(operation, outcome);
+        if let Some(metrics) = &guest.metrics {
+            let (label, fault) = match &result {
+                Ok(value) => (value.label(), false),
+                Err(CallError::Fault { kind, .. }) => (kind.as_str(), true),
+                Err(CallError::Rejected { .. }) => ("rejected", false),
+                Err(CallError::Guest { error, .. }) => (error_label(error), false),
+            };
+            metrics.guest_call(
+                guest.name(),
+                operation,
+                label,
+                fault,
+                self.started.elapsed(),
+            );
+        }
+        result
+    }
+
+    fn classify_outcome<R>(
+        &self,
+        operation: &'static str,
+        outcome: Result<wasmtime::Result<R>, tokio::time::error::Elapsed>,
+    ) -> Result<R, CallError> {
+        let guest = self.guest;
         match outcome {
             Err(_) => Err(guest.fault(
                 FaultKind::Deadline,
@@ -549,6 +588,43 @@ impl CallScope<'_> {
                 Err(guest.classify(operation, error, &self.store, &self.output, self.timeout))
             }
         }
+    }
+}
+
+/// What a returned value says about the call, for the `outcome` metric label.
+trait CallOutcome {
+    fn label(&self) -> &'static str;
+}
+
+impl CallOutcome for bool {
+    fn label(&self) -> &'static str {
+        "ok"
+    }
+}
+
+impl CallOutcome for () {
+    fn label(&self) -> &'static str {
+        "ok"
+    }
+}
+
+impl<T> CallOutcome for Result<T, ProvisionError> {
+    fn label(&self) -> &'static str {
+        match self {
+            Ok(_) => "ok",
+            Err(error) => error_label(error),
+        }
+    }
+}
+
+/// The metric label of a typed guest error.
+fn error_label(error: &ProvisionError) -> &'static str {
+    match error {
+        ProvisionError::Final(_) => "final",
+        ProvisionError::Transient(_) => "transient",
+        ProvisionError::Ignored(_) => "ignored",
+        ProvisionError::Reschedule(_) => "reschedule",
+        ProvisionError::InBackground(_) => "in-background",
     }
 }
 
