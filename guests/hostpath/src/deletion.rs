@@ -2,14 +2,14 @@
 //! provision recorded on the PV (so deleting never depends on the StorageClass).
 
 use crate::config::HostpathConfig;
-use crate::path_pattern::check_relative_dir;
-use crate::wasm_provisioner::provisioner::types::{Pair, Volume, VolumeSource};
 use crate::{ARCHIVE_ANNOTATION, DIR_ANNOTATION};
+use wasm_provisioner_sdk::pattern::check_relative_dir;
+use wasm_provisioner_sdk::{Volume, VolumeSource};
 
 /// The volume's directory relative to the granted directory: the `dir` annotation, or else its
 /// `hostPath` with `node-dir` stripped. Anything that would leave the granted directory is refused.
 pub fn directory_to_delete(volume: &Volume, config: &HostpathConfig) -> Result<String, String> {
-    if let Some(dir) = annotation(&volume.annotations, DIR_ANNOTATION) {
+    if let Some(dir) = volume.annotation(DIR_ANNOTATION) {
         check_relative_dir(dir).map_err(|why| {
             format!(
                 "refusing to delete volume {}: annotation {DIR_ANNOTATION}={dir:?} {why}",
@@ -41,7 +41,7 @@ pub fn directory_to_delete(volume: &Volume, config: &HostpathConfig) -> Result<S
 
 /// Whether provision recorded `archiveOnDelete: true` on the volume.
 pub fn archive_requested(volume: &Volume) -> bool {
-    annotation(&volume.annotations, ARCHIVE_ANNOTATION) == Some("true")
+    volume.annotation(ARCHIVE_ANNOTATION) == Some("true")
 }
 
 /// The name, directly in the granted directory, to archive `dir` under: `archived-<last
@@ -58,19 +58,10 @@ pub fn archive_name(dir: &str, taken: impl Fn(&str) -> bool) -> String {
         .expect("some numeric suffix is free")
 }
 
-fn annotation<'a>(annotations: &'a [Pair], key: &str) -> Option<&'a str> {
-    annotations
-        .iter()
-        .find(|pair| pair.key == key)
-        .map(|pair| pair.value.as_str())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wasm_provisioner::provisioner::types::{
-        HostPathSource, HostPathType, NfsSource, ReclaimPolicy,
-    };
+    use wasm_provisioner_sdk::{HostPathSource, HostPathType, NfsSource, Pair, ReclaimPolicy};
 
     fn config() -> HostpathConfig {
         HostpathConfig::parse(r#"{"guest-dir": "/volumes", "node-dir": "/var/lib/hp"}"#).unwrap()
