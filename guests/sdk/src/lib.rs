@@ -46,12 +46,13 @@ pub trait Provisioner {
     fn delete(request: &DeleteRequest, host: &dyn Host) -> Result<(), ProvisionError>;
 
     /// Hook `qualifier`: whether to provision this claim at all (false = leave it alone).
-    fn should_provision(_claim: &Claim, _class: &StorageClass) -> bool {
+    /// `config` is the grant file's `[config]` as JSON, as in the requests.
+    fn should_provision(_claim: &Claim, _class: &StorageClass, _config: &str) -> bool {
         true
     }
 
     /// Hook `deletion-guard`: whether to delete this released volume (false = keep it).
-    fn should_delete(_volume: &Volume) -> bool {
+    fn should_delete(_volume: &Volume, _config: &str) -> bool {
         true
     }
 
@@ -119,6 +120,10 @@ pub mod __private {
             Volume, WasmHost,
         };
 
+        fn host_config() -> String {
+            crate::bindings::wasm_provisioner::provisioner::host::config()
+        }
+
         impl<T: Provisioner> lifecycle::Guest for Adapter<T> {
             fn provision(
                 request: ProvisionRequest,
@@ -137,7 +142,7 @@ pub mod __private {
             for Adapter<T>
         {
             fn should_provision(claim: Claim, class: StorageClass) -> bool {
-                T::should_provision(&claim, &class)
+                T::should_provision(&claim, &class, &host_config())
             }
         }
 
@@ -146,7 +151,7 @@ pub mod __private {
             for Adapter<T>
         {
             fn should_delete(volume: Volume) -> bool {
-                T::should_delete(&volume)
+                T::should_delete(&volume, &host_config())
             }
         }
 
