@@ -80,7 +80,21 @@ impl From<PatternError> for crate::types::ProvisionError {
     }
 }
 
+/// Substitutes the variables of `pattern` without checking the result: for guests that allow
+/// `..` on purpose and confine the path themselves. Prefer [`expand`].
+pub fn substitute(pattern: &str, values: &PatternValues) -> Result<String, PatternError> {
+    substitute_text(pattern, values).map_err(PatternError)
+}
+
 fn expand_text(pattern: &str, values: &PatternValues) -> Result<String, String> {
+    let expanded = substitute_text(pattern, values)?;
+    check_relative_dir(&expanded).map_err(|why| {
+        format!("parameter pathPattern {pattern:?} expands to {expanded:?}, which {why}")
+    })?;
+    Ok(expanded)
+}
+
+fn substitute_text(pattern: &str, values: &PatternValues) -> Result<String, String> {
     let mut expanded = String::new();
     let mut rest = pattern;
     while let Some(start) = rest.find("${") {
@@ -96,9 +110,6 @@ fn expand_text(pattern: &str, values: &PatternValues) -> Result<String, String> 
         rest = &after_open[end + 1..];
     }
     expanded.push_str(rest);
-    check_relative_dir(&expanded).map_err(|why| {
-        format!("parameter pathPattern {pattern:?} expands to {expanded:?}, which {why}")
-    })?;
     Ok(expanded)
 }
 

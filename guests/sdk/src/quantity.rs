@@ -112,7 +112,7 @@ pub fn format_quantity(bytes: u64) -> String {
         ("Mi", MIB),
         ("Ki", KIB),
     ] {
-        if bytes >= unit && bytes % unit == 0 {
+        if bytes >= unit && bytes.is_multiple_of(unit) {
             return format!("{}{suffix}", bytes / unit);
         }
     }
