@@ -283,3 +283,63 @@ async fn nfs_subdir_refuses_servers_the_operator_did_not_grant() {
         "nothing created"
     );
 }
+
+/// `deploy/examples`' classes with the shipped grant files, through the offline command a user
+/// runs: what the README and `deploy/` show is what the guests do.
+#[test]
+fn the_deploy_examples_provision_with_the_shipped_grants() {
+    let storage = tempfile::tempdir().unwrap();
+    let s = storage.path().display().to_string();
+    let plugins = PluginsDir::new();
+    plugins.add(
+        "local-path",
+        "local_path",
+        &shipped_grant(
+            "local-path",
+            &[("/var/lib/wasm-provisioner/local-path/nodes", &s)],
+        ),
+    );
+    plugins.add(
+        "nfs-subdir",
+        "nfs_subdir",
+        &shipped_grant("nfs-subdir", &[("/persistentvolumes", &s)]),
+    );
+    let examples = repo().join("deploy/examples");
+    let run = |class: &str, node: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"))
+            .arg("provision")
+            .arg("--plugins")
+            .arg(plugins.path())
+            .arg("--class")
+            .arg(examples.join(class))
+            .arg("--claim")
+            .arg(examples.join("claim.yaml"))
+            .args(node)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{class}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let pv = run("local-path-storageclass.yaml", &["--node", "node-1"]);
+    for want in [
+        "local-path.wasm-provisioner.dev/node: node-1",
+        "path: /opt/local-path-provisioner/pvc-",
+        "- node-1",
+    ] {
+        assert!(pv.contains(want), "missing {want:?} in:\n{pv}");
+    }
+    let pv = run("nfs-subdir-storageclass.yaml", &[]);
+    for want in [
+        "server: nfs.example.com",
+        "path: /srv/nfs/k8s/default-data-pvc-",
+        "- nfsvers=4.1",
+        "on-delete: archive",
+    ] {
+        assert!(pv.contains(want), "missing {want:?} in:\n{pv}");
+    }
+}
