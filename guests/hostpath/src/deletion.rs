@@ -45,17 +45,9 @@ pub fn archive_requested(volume: &Volume) -> bool {
 }
 
 /// The name, directly in the granted directory, to archive `dir` under: `archived-<last
-/// component>`, with `-1`, `-2`, ... appended while `taken` says the name exists.
-pub fn archive_name(dir: &str, taken: impl Fn(&str) -> bool) -> String {
-    let last_component = dir.rsplit('/').next().unwrap_or(dir);
-    let base = format!("archived-{last_component}");
-    if !taken(&base) {
-        return base;
-    }
-    (1u64..)
-        .map(|suffix| format!("{base}-{suffix}"))
-        .find(|candidate| !taken(candidate))
-        .expect("some numeric suffix is free")
+/// component>` (the SDK's `dirs::rename_to_free_name` appends `-1`, `-2`, ... while taken).
+pub fn archive_base(dir: &str) -> String {
+    format!("archived-{}", dir.rsplit('/').next().unwrap_or(dir))
 }
 
 #[cfg(test)]
@@ -168,16 +160,8 @@ mod tests {
     }
 
     #[test]
-    fn archive_names_use_the_last_component_and_a_free_suffix() {
-        assert_eq!(archive_name("team-a/data", |_| false), "archived-data");
-        assert_eq!(
-            archive_name("pvc-1", |name| name == "archived-pvc-1"),
-            "archived-pvc-1-1"
-        );
-        assert_eq!(
-            archive_name("pvc-1", |name| ["archived-pvc-1", "archived-pvc-1-1"]
-                .contains(&name)),
-            "archived-pvc-1-2"
-        );
+    fn archive_names_use_the_last_component() {
+        assert_eq!(archive_base("team-a/data"), "archived-data");
+        assert_eq!(archive_base("pvc-1"), "archived-pvc-1");
     }
 }

@@ -15,11 +15,9 @@ mod config;
 mod deletion;
 mod parameters;
 
-use std::fs;
-use std::io::ErrorKind;
-
 use config::HostpathConfig;
 use parameters::ClassParameters;
+use wasm_provisioner_sdk::dirs;
 use wasm_provisioner_sdk::pattern::{self, PatternValues};
 use wasm_provisioner_sdk::{
     DeleteRequest, Host, HostPathType, ProvisionError, ProvisionRequest, Provisioner, VolumeSpec,
@@ -72,9 +70,7 @@ impl Provisioner for Hostpath {
         }
         // Check first: a spec the grants refuse must not leave a directory behind.
         host.check(&spec)?;
-        let guest_path = config.guest_path(&dir);
-        fs::create_dir_all(&guest_path)
-            .map_err(|error| final_error(format!("creating directory {guest_path}: {error}")))?;
+        dirs::create(&config.guest_path(&dir))?;
         host.info(
             "provisioned hostPath directory",
             &[("pv", &request.pv_name), ("path", &node_path)],
@@ -87,40 +83,22 @@ impl Provisioner for Hostpath {
         let volume = &request.volume;
         let dir = deletion::directory_to_delete(volume, &config).map_err(final_error)?;
         let guest_path = config.guest_path(&dir);
-        match fs::symlink_metadata(&guest_path) {
-            Err(error) if error.kind() == ErrorKind::NotFound => {
-                host.info(
-                    "hostPath directory already gone",
-                    &[("pv", &volume.name), ("dir", &dir)],
-                );
-                return Ok(());
-            }
-            Err(error) => return Err(final_error(format!("inspecting {guest_path}: {error}"))),
-            Ok(_) => {}
-        }
-        if deletion::archive_requested(volume) {
-            let archive = deletion::archive_name(&dir, |name| {
-                fs::symlink_metadata(config.guest_path(name)).is_ok()
-            });
-            let archive_path = config.guest_path(&archive);
-            fs::rename(&guest_path, &archive_path).map_err(|error| {
-                final_error(format!("archiving {guest_path} as {archive_path}: {error}"))
-            })?;
+        let fields = [("pv", volume.name.as_str()), ("dir", dir.as_str())];
+        if !dirs::exists(&guest_path)? {
+            host.info("hostPath directory already gone", &fields);
+        } else if deletion::archive_requested(volume) {
+            let archive = dirs::rename_to_free_name(
+                &guest_path,
+                &config.guest_dir,
+                &deletion::archive_base(&dir),
+            )?;
             host.info(
                 "archived hostPath directory",
-                &[("pv", &volume.name), ("dir", &dir), ("archive", &archive)],
+                &[fields[0], fields[1], ("archive", &archive)],
             );
         } else {
-            match fs::remove_dir_all(&guest_path) {
-                Err(error) if error.kind() != ErrorKind::NotFound => {
-                    return Err(final_error(format!("removing {guest_path}: {error}")));
-                }
-                _ => {}
-            }
-            host.info(
-                "deleted hostPath directory",
-                &[("pv", &volume.name), ("dir", &dir)],
-            );
+            dirs::remove(&guest_path)?;
+            host.info("deleted hostPath directory", &fields);
         }
         Ok(())
     }
@@ -129,6 +107,7 @@ impl Provisioner for Hostpath {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
     use wasm_provisioner_sdk::testing::{self, FakeHost};
     use wasm_provisioner_sdk::{VolumeSource, pair};
 

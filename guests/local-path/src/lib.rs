@@ -16,13 +16,12 @@ mod config;
 mod plan;
 
 use std::fs;
-use std::io::ErrorKind;
 
 use config::LocalPathConfig;
 use plan::VolumeType;
 use wasm_provisioner_sdk::{
     Claim, DeleteRequest, Host, HostPathType, ProvisionError, ProvisionRequest, Provisioner,
-    StorageClass, Volume, VolumeSpec, final_error,
+    StorageClass, Volume, VolumeSpec, dirs, final_error,
 };
 
 pub use plan::{NODE_ANNOTATION, SHARED_ANNOTATION};
@@ -53,9 +52,7 @@ impl Provisioner for LocalPath {
             None => spec.annotation(SHARED_ANNOTATION, "true"),
         };
         host.check(&spec)?;
-        let guest_path = config.guest_path(plan.node.as_deref(), &plan.path);
-        fs::create_dir_all(&guest_path)
-            .map_err(|error| final_error(format!("creating directory {guest_path}: {error}")))?;
+        dirs::create(&config.guest_path(plan.node.as_deref(), &plan.path))?;
         let node = plan.node.as_deref().unwrap_or("(shared)");
         host.info(
             "provisioned local path",
@@ -89,12 +86,10 @@ impl Provisioner for LocalPath {
             return Ok(());
         }
         let guest_path = config.guest_path(target.node.as_deref(), &target.path);
-        match fs::remove_dir_all(&guest_path) {
-            Err(error) if error.kind() == ErrorKind::NotFound => {
-                host.info("local path already gone", &fields);
-            }
-            Err(error) => return Err(final_error(format!("removing {guest_path}: {error}"))),
-            Ok(()) => host.info("deleted local path", &fields),
+        if dirs::remove(&guest_path)? {
+            host.info("deleted local path", &fields);
+        } else {
+            host.info("local path already gone", &fields);
         }
         Ok(())
     }

@@ -14,11 +14,11 @@
 mod plan;
 
 use std::fs;
-use std::io::ErrorKind;
 
 use plan::{ClassSettings, NfsConfig, OnDelete};
 use wasm_provisioner_sdk::{
-    DeleteRequest, Host, ProvisionError, ProvisionRequest, Provisioner, VolumeSpec, final_error,
+    DeleteRequest, Host, ProvisionError, ProvisionRequest, Provisioner, VolumeSpec, dirs,
+    final_error,
 };
 
 pub use plan::{DIR_ANNOTATION, ON_DELETE_ANNOTATION};
@@ -44,9 +44,7 @@ impl Provisioner for NfsSubdir {
             .annotation(DIR_ANNOTATION, &dir)
             .annotation(ON_DELETE_ANNOTATION, settings.on_delete.as_str());
         host.check(&spec)?;
-        let guest_path = config.guest_path(&dir);
-        fs::create_dir_all(&guest_path)
-            .map_err(|error| final_error(format!("creating directory {guest_path}: {error}")))?;
+        dirs::create(&config.guest_path(&dir))?;
         host.info(
             "provisioned NFS directory",
             &[("pv", &request.pv_name), ("dir", &dir)],
@@ -61,13 +59,9 @@ impl Provisioner for NfsSubdir {
             plan::deletion(volume, &config, request.storage_class.as_ref()).map_err(final_error)?;
         let guest_path = config.guest_path(&dir);
         let fields = [("pv", volume.name.as_str()), ("dir", dir.as_str())];
-        match fs::symlink_metadata(&guest_path) {
-            Err(error) if error.kind() == ErrorKind::NotFound => {
-                host.warn("NFS directory already gone", &fields);
-                return Ok(());
-            }
-            Err(error) => return Err(final_error(format!("inspecting {guest_path}: {error}"))),
-            Ok(_) => {}
+        if !dirs::exists(&guest_path)? {
+            host.warn("NFS directory already gone", &fields);
+            return Ok(());
         }
         match action {
             OnDelete::Retain => {
@@ -75,28 +69,18 @@ impl Provisioner for NfsSubdir {
                 return Ok(());
             }
             OnDelete::Delete => {
-                fs::remove_dir_all(&guest_path)
-                    .or_else(|error| {
-                        if error.kind() == ErrorKind::NotFound {
-                            Ok(())
-                        } else {
-                            Err(error)
-                        }
-                    })
-                    .map_err(|error| final_error(format!("removing {guest_path}: {error}")))?;
+                dirs::remove(&guest_path)?;
                 host.info("deleted NFS directory", &fields);
             }
             OnDelete::Archive => {
-                let archive = plan::archive_name(&dir, |name| {
-                    fs::symlink_metadata(config.guest_path(name)).is_ok()
-                });
-                let archive_path = config.guest_path(&archive);
-                fs::rename(&guest_path, &archive_path).map_err(|error| {
-                    final_error(format!("archiving {guest_path} as {archive_path}: {error}"))
-                })?;
+                let archive = dirs::rename_to_free_name(
+                    &guest_path,
+                    &config.guest_dir,
+                    &plan::archive_base(&dir),
+                )?;
                 host.info(
                     "archived NFS directory",
-                    &[("pv", &volume.name), ("dir", &dir), ("archive", &archive)],
+                    &[fields[0], fields[1], ("archive", &archive)],
                 );
             }
         }

@@ -178,16 +178,9 @@ pub fn deletion(
 }
 
 /// The archive name at the export root for `dir`: `archived-` and the whole relative path with
-/// `/` as `-` (so `ns/a/data` and `ns/b/data` do not collide), with `-1`, `-2`, ... while taken.
-pub fn archive_name(dir: &str, taken: impl Fn(&str) -> bool) -> String {
-    let base = format!("archived-{}", dir.replace('/', "-"));
-    if !taken(&base) {
-        return base;
-    }
-    (1u64..)
-        .map(|suffix| format!("{base}-{suffix}"))
-        .find(|candidate| !taken(candidate))
-        .expect("some numeric suffix is free")
+/// `/` as `-` (so `ns/a/data` and `ns/b/data` do not collide); numbered by the SDK if taken.
+pub fn archive_base(dir: &str) -> String {
+    format!("archived-{}", dir.replace('/', "-"))
 }
 
 /// The parent directories a pattern created for `dir`, deepest first (`a/b/c` → `a/b`, `a`):
@@ -331,9 +324,8 @@ mod tests {
 
     #[test]
     fn archive_names_keep_the_whole_path_and_parents_go_deepest_first() {
-        assert_eq!(archive_name("ns-c-pvc-1", |_| false), "archived-ns-c-pvc-1");
-        assert_eq!(archive_name("ns/a/data", |_| false), "archived-ns-a-data");
-        assert_eq!(archive_name("x", |n| n == "archived-x"), "archived-x-1");
+        assert_eq!(archive_base("ns-c-pvc-1"), "archived-ns-c-pvc-1");
+        assert_eq!(archive_base("ns/a/data"), "archived-ns-a-data");
         assert_eq!(parents("a/b/c"), vec!["a/b", "a"]);
         assert!(parents("a").is_empty());
     }

@@ -16,6 +16,7 @@
 #[doc(hidden)]
 pub mod bindings;
 mod config;
+pub mod dirs;
 mod host;
 mod params;
 pub mod pattern;
