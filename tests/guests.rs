@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use common::*;
 use wasm_provisioner::wasm::bindings::types::{DeleteRequest, ProvisionError, VolumeSource};
-use wasm_provisioner::wasm::convert::{self, PvIdentity};
 use wasm_provisioner::wasm::{CallError, FaultKind, Guest, Plugins, WasmEngine, load_dir};
 
 const HOSTPATH: &str = "test.wasm-provisioner.dev/hostpath";
@@ -53,36 +52,6 @@ fn host_path_of(source: &VolumeSource) -> String {
         VolumeSource::HostPath(h) => h.path.clone(),
         other => panic!("expected hostPath, got {other:?}"),
     }
-}
-
-/// The PV the controller would create, as the contract record `delete` gets.
-fn as_volume(
-    req: &wasm_provisioner::wasm::bindings::types::ProvisionRequest,
-    built: &wasm_provisioner::wasm::spec::BuiltVolume,
-) -> wasm_provisioner::wasm::bindings::types::Volume {
-    let pvc = k8s_openapi::api::core::v1::PersistentVolumeClaim {
-        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-            name: Some(req.claim.name.clone()),
-            namespace: Some(req.claim.namespace.clone()),
-            uid: Some(req.claim.uid.clone()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let class = k8s_openapi::api::storage::v1::StorageClass {
-        provisioner: req.storage_class.provisioner.clone(),
-        ..Default::default()
-    };
-    let pv = convert::persistent_volume(
-        &PvIdentity {
-            name: &req.pv_name,
-            claim: &pvc,
-            class: &class,
-            class_name: "test",
-        },
-        built,
-    );
-    convert::volume(&pv).unwrap()
 }
 
 #[tokio::test]

@@ -142,3 +142,46 @@ pub fn request(claim: Claim, class: StorageClass, config: &str) -> ProvisionRequ
         config: config.into(),
     }
 }
+
+/// The PV the controller would create, as the contract record `delete` gets.
+pub fn as_volume(
+    req: &ProvisionRequest,
+    built: &wasm_provisioner::wasm::spec::BuiltVolume,
+) -> Volume {
+    let pvc = k8s_openapi::api::core::v1::PersistentVolumeClaim {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(req.claim.name.clone()),
+            namespace: Some(req.claim.namespace.clone()),
+            uid: Some(req.claim.uid.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let class = k8s_openapi::api::storage::v1::StorageClass {
+        provisioner: req.storage_class.provisioner.clone(),
+        ..Default::default()
+    };
+    let pv = wasm_provisioner::wasm::convert::persistent_volume(
+        &wasm_provisioner::wasm::convert::PvIdentity {
+            name: &req.pv_name,
+            claim: &pvc,
+            class: &class,
+            class_name: "test",
+        },
+        built,
+    );
+    wasm_provisioner::wasm::convert::volume(&pv).unwrap()
+}
+
+/// The grant file shipped with guest `dir` (`guests/<dir>/<dir>.toml`), with each `(from, to)`
+/// replaced: the operator's edit of host paths, done by a test.
+pub fn shipped_grant(dir: &str, replacements: &[(&str, &str)]) -> String {
+    let path = repo().join(format!("guests/{dir}/{dir}.toml"));
+    let mut text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|error| panic!("read {}: {error}", path.display()));
+    for (from, to) in replacements {
+        assert!(text.contains(from), "{} has no {from:?}", path.display());
+        text = text.replace(from, to);
+    }
+    text
+}

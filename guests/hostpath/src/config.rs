@@ -1,6 +1,7 @@
 //! The guest's configuration, the `[config]` table of its grant file, parsed from JSON.
 
 use serde::Deserialize;
+use wasm_provisioner_sdk::{ConfigError, join, parse_config, require_absolute};
 
 /// Where the granted directory is, seen from inside the guest and from the node.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -17,19 +18,10 @@ pub struct HostpathConfig {
 
 impl HostpathConfig {
     /// Parses and checks the configuration JSON the host passes in.
-    pub fn parse(json: &str) -> Result<Self, String> {
-        let mut config: Self =
-            serde_json::from_str(json).map_err(|error| format!("guest config: {error}"))?;
-        for (key, value) in [
-            ("guest-dir", &config.guest_dir),
-            ("node-dir", &config.node_dir),
-        ] {
-            if !value.starts_with('/') {
-                return Err(format!(
-                    "guest config: {key} must be an absolute path, got {value:?}"
-                ));
-            }
-        }
+    pub fn parse(json: &str) -> Result<Self, ConfigError> {
+        let mut config: Self = parse_config(json)?;
+        require_absolute("guest-dir", &config.guest_dir)?;
+        require_absolute("node-dir", &config.node_dir)?;
         if config.node_name.as_deref().is_some_and(str::is_empty) {
             config.node_name = None;
         }
@@ -54,10 +46,6 @@ impl HostpathConfig {
     }
 }
 
-fn join(base: &str, relative: &str) -> String {
-    format!("{}/{relative}", base.trim_end_matches('/'))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,23 +66,27 @@ mod tests {
 
     #[test]
     fn missing_keys_are_named() {
-        let error = HostpathConfig::parse("{}").unwrap_err();
+        let error = HostpathConfig::parse("{}").unwrap_err().to_string();
         assert!(error.contains("guest-dir"), "{error}");
-        let error = HostpathConfig::parse(r#"{"guest-dir": "/volumes"}"#).unwrap_err();
+        let error = HostpathConfig::parse(r#"{"guest-dir": "/volumes"}"#)
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("node-dir"), "{error}");
     }
 
     #[test]
     fn relative_dirs_and_unknown_keys_are_refused() {
-        let error =
-            HostpathConfig::parse(r#"{"guest-dir": "volumes", "node-dir": "/n"}"#).unwrap_err();
+        let error = HostpathConfig::parse(r#"{"guest-dir": "volumes", "node-dir": "/n"}"#)
+            .unwrap_err()
+            .to_string();
         assert!(
             error.contains("guest-dir must be an absolute path"),
             "{error}"
         );
         let error =
             HostpathConfig::parse(r#"{"guest-dir": "/v", "node-dir": "/n", "nod-name": "x"}"#)
-                .unwrap_err();
+                .unwrap_err()
+                .to_string();
         assert!(error.contains("nod-name"), "{error}");
     }
 

@@ -2,14 +2,14 @@
 //! provision recorded on the PV (so deleting never depends on the StorageClass).
 
 use crate::config::HostpathConfig;
-use crate::path_pattern::check_relative_dir;
-use crate::wasm_provisioner::provisioner::types::{Pair, Volume, VolumeSource};
 use crate::{ARCHIVE_ANNOTATION, DIR_ANNOTATION};
+use wasm_provisioner_sdk::pattern::check_relative_dir;
+use wasm_provisioner_sdk::{Volume, VolumeSource};
 
 /// The volume's directory relative to the granted directory: the `dir` annotation, or else its
 /// `hostPath` with `node-dir` stripped. Anything that would leave the granted directory is refused.
 pub fn directory_to_delete(volume: &Volume, config: &HostpathConfig) -> Result<String, String> {
-    if let Some(dir) = annotation(&volume.annotations, DIR_ANNOTATION) {
+    if let Some(dir) = volume.annotation(DIR_ANNOTATION) {
         check_relative_dir(dir).map_err(|why| {
             format!(
                 "refusing to delete volume {}: annotation {DIR_ANNOTATION}={dir:?} {why}",
@@ -41,36 +41,19 @@ pub fn directory_to_delete(volume: &Volume, config: &HostpathConfig) -> Result<S
 
 /// Whether provision recorded `archiveOnDelete: true` on the volume.
 pub fn archive_requested(volume: &Volume) -> bool {
-    annotation(&volume.annotations, ARCHIVE_ANNOTATION) == Some("true")
+    volume.annotation(ARCHIVE_ANNOTATION) == Some("true")
 }
 
 /// The name, directly in the granted directory, to archive `dir` under: `archived-<last
-/// component>`, with `-1`, `-2`, ... appended while `taken` says the name exists.
-pub fn archive_name(dir: &str, taken: impl Fn(&str) -> bool) -> String {
-    let last_component = dir.rsplit('/').next().unwrap_or(dir);
-    let base = format!("archived-{last_component}");
-    if !taken(&base) {
-        return base;
-    }
-    (1u64..)
-        .map(|suffix| format!("{base}-{suffix}"))
-        .find(|candidate| !taken(candidate))
-        .expect("some numeric suffix is free")
-}
-
-fn annotation<'a>(annotations: &'a [Pair], key: &str) -> Option<&'a str> {
-    annotations
-        .iter()
-        .find(|pair| pair.key == key)
-        .map(|pair| pair.value.as_str())
+/// component>` (the SDK's `dirs::rename_to_free_name` appends `-1`, `-2`, ... while taken).
+pub fn archive_base(dir: &str) -> String {
+    format!("archived-{}", dir.rsplit('/').next().unwrap_or(dir))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wasm_provisioner::provisioner::types::{
-        HostPathSource, HostPathType, NfsSource, ReclaimPolicy,
-    };
+    use wasm_provisioner_sdk::{HostPathSource, HostPathType, NfsSource, Pair, ReclaimPolicy};
 
     fn config() -> HostpathConfig {
         HostpathConfig::parse(r#"{"guest-dir": "/volumes", "node-dir": "/var/lib/hp"}"#).unwrap()
@@ -177,16 +160,8 @@ mod tests {
     }
 
     #[test]
-    fn archive_names_use_the_last_component_and_a_free_suffix() {
-        assert_eq!(archive_name("team-a/data", |_| false), "archived-data");
-        assert_eq!(
-            archive_name("pvc-1", |name| name == "archived-pvc-1"),
-            "archived-pvc-1-1"
-        );
-        assert_eq!(
-            archive_name("pvc-1", |name| ["archived-pvc-1", "archived-pvc-1-1"]
-                .contains(&name)),
-            "archived-pvc-1-2"
-        );
+    fn archive_names_use_the_last_component() {
+        assert_eq!(archive_base("team-a/data"), "archived-data");
+        assert_eq!(archive_base("pvc-1"), "archived-pvc-1");
     }
 }

@@ -1,39 +1,28 @@
 //! hostpath: a provisioner guest that gives each claim a directory under one granted directory
-//! and describes it as a `hostPath` PersistentVolume.
+//! and describes it as a `hostPath` PersistentVolume. Written on the SDK: the example to copy.
 //!
 //! ```text
 //! provision: config + class parameters ─▶ directory (PV name or pathPattern)
-//!            ─▶ PV spec via the host's volume-builder (grant-checked) ─▶ mkdir ─▶ spec to host
+//!            ─▶ VolumeSpec, checked against the grants ─▶ mkdir ─▶ spec to host
 //! delete:    PV annotations (or hostPath) ─▶ directory ─▶ archive (rename) or remove
 //! ```
 //!
 //! The granted directory is preopened at `guest-dir`; `node-dir` is the same directory as the
-//! kubelet sees it. Everything that decides is in the plain modules below; this file only calls
-//! the host and the filesystem.
+//! kubelet sees it. Everything that decides is in the plain modules below; this file only
+//! calls the host and the filesystem, and its tests run natively against a temporary directory.
 
 mod config;
 mod deletion;
 mod parameters;
-mod path_pattern;
-
-use std::fs;
-use std::io::ErrorKind;
-
-wit_bindgen::generate!({
-    path: "../../wit",
-    world: "provisioner",
-});
 
 use config::HostpathConfig;
-use exports::wasm_provisioner::provisioner::lifecycle::Guest;
 use parameters::ClassParameters;
-use path_pattern::PatternValues;
-use wasm_provisioner::provisioner::host;
-use wasm_provisioner::provisioner::types::{
-    DeleteRequest, HostPathType, LogLevel, NodeSelectorOperator, NodeSelectorRequirement,
-    NodeSelectorTerm, Pair, ProvisionError, ProvisionRequest, SpecError,
+use wasm_provisioner_sdk::dirs;
+use wasm_provisioner_sdk::pattern::{self, PatternValues};
+use wasm_provisioner_sdk::{
+    DeleteRequest, Host, HostPathType, ProvisionError, ProvisionRequest, Provisioner, VolumeSpec,
+    final_error,
 };
-use wasm_provisioner::provisioner::volume_builder::VolumeSpec;
 
 /// PV annotation recording the volume's directory, relative to the granted directory.
 pub const DIR_ANNOTATION: &str = "hostpath.wasm-provisioner.dev/dir";
@@ -43,158 +32,190 @@ pub const ARCHIVE_ANNOTATION: &str = "hostpath.wasm-provisioner.dev/archive-on-d
 /// Node label the node affinity pins volumes with.
 const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
-struct Hostpath;
+/// The guest.
+pub struct Hostpath;
 
-impl Guest for Hostpath {
-    fn provision(request: ProvisionRequest) -> Result<VolumeSpec, ProvisionError> {
-        provision(&request).map_err(ProvisionError::Final)
-    }
+wasm_provisioner_sdk::export_provisioner!(Hostpath);
 
-    fn delete(request: DeleteRequest) -> Result<(), ProvisionError> {
-        delete(&request).map_err(ProvisionError::Final)
-    }
-}
-
-// Exported only from WebAssembly: the export names (`wasm-provisioner:provisioner/...`) are not
-// valid symbol names for a native cdylib, which `cargo test` also links.
-#[cfg(target_arch = "wasm32")]
-export!(Hostpath);
-
-fn provision(request: &ProvisionRequest) -> Result<VolumeSpec, String> {
-    let config = HostpathConfig::parse(&request.config)?;
-    let parameters = ClassParameters::parse(&request.storage_class.parameters)?;
-    let dir = match &parameters.path_pattern {
-        Some(pattern) => path_pattern::expand(pattern, &PatternValues::of(request))?,
-        None => {
-            path_pattern::check_relative_dir(&request.pv_name)
-                .map_err(|why| format!("volume name {:?} {why}", request.pv_name))?;
-            request.pv_name.clone()
-        }
-    };
-    let node_path = config.node_path(&dir);
-    // Describe first: a spec the grants refuse must not leave a directory behind.
-    let spec = describe_volume(request, &config, &parameters, &dir, &node_path)
-        .map_err(spec_error_message)?;
-    let guest_path = config.guest_path(&dir);
-    fs::create_dir_all(&guest_path)
-        .map_err(|error| format!("creating directory {guest_path}: {error}"))?;
-    host::log(
-        LogLevel::Info,
-        "provisioned hostPath directory",
-        &[pair("pv", &request.pv_name), pair("path", &node_path)],
-    );
-    Ok(spec)
-}
-
-fn describe_volume(
-    request: &ProvisionRequest,
-    config: &HostpathConfig,
-    parameters: &ClassParameters,
-    dir: &str,
-    node_path: &str,
-) -> Result<VolumeSpec, SpecError> {
-    let claim = &request.claim;
-    let class = &request.storage_class;
-    let spec = VolumeSpec::new();
-    if claim.requested_bytes > 0 {
-        spec.capacity(claim.requested_bytes)?;
-    }
-    if !claim.access_modes.is_empty() {
-        spec.access_modes(&claim.access_modes)?;
-    }
-    spec.reclaim_policy(class.reclaim_policy);
-    if !class.mount_options.is_empty() {
-        spec.mount_options(&class.mount_options)?;
-    }
-    spec.host_path(node_path, HostPathType::DirectoryOrCreate)?;
-    let selected_node = request
-        .selected_node
-        .as_deref()
-        .filter(|node| !node.is_empty());
-    if let Some(node) = selected_node.or(config.node_name.as_deref()) {
-        spec.node_affinity(&[hostname_is(node)])?;
-    }
-    spec.annotation(DIR_ANNOTATION, dir)?;
-    spec.annotation(
-        ARCHIVE_ANNOTATION,
-        if parameters.archive_on_delete {
-            "true"
-        } else {
-            "false"
-        },
-    )?;
-    Ok(spec)
-}
-
-fn hostname_is(node: &str) -> NodeSelectorTerm {
-    NodeSelectorTerm {
-        requirements: vec![NodeSelectorRequirement {
-            key: HOSTNAME_LABEL.to_owned(),
-            operator: NodeSelectorOperator::In,
-            values: vec![node.to_owned()],
-        }],
-    }
-}
-
-fn delete(request: &DeleteRequest) -> Result<(), String> {
-    let config = HostpathConfig::parse(&request.config)?;
-    let volume = &request.volume;
-    let dir = deletion::directory_to_delete(volume, &config)?;
-    let guest_path = config.guest_path(&dir);
-    match fs::symlink_metadata(&guest_path) {
-        Err(error) if error.kind() == ErrorKind::NotFound => {
-            host::log(
-                LogLevel::Info,
-                "hostPath directory already gone",
-                &[pair("pv", &volume.name), pair("dir", &dir)],
+impl Provisioner for Hostpath {
+    fn provision(
+        request: &ProvisionRequest,
+        host: &dyn Host,
+    ) -> Result<VolumeSpec, ProvisionError> {
+        let config = HostpathConfig::parse(&request.config)?;
+        let parameters = ClassParameters::parse(&request.storage_class)?;
+        let dir = match &parameters.path_pattern {
+            Some(text) => pattern::expand(text, &PatternValues::of(request))?,
+            None => {
+                pattern::check_relative_dir(&request.pv_name).map_err(|why| {
+                    final_error(format!("volume name {:?} {why}", request.pv_name))
+                })?;
+                request.pv_name.clone()
+            }
+        };
+        let node_path = config.node_path(&dir);
+        let mut spec = VolumeSpec::host_path(&node_path, HostPathType::DirectoryOrCreate)
+            .from_request(request)
+            .annotation(DIR_ANNOTATION, &dir)
+            .annotation(
+                ARCHIVE_ANNOTATION,
+                if parameters.archive_on_delete {
+                    "true"
+                } else {
+                    "false"
+                },
             );
-            return Ok(());
+        if let Some(node) = request.selected_node().or(config.node_name.as_deref()) {
+            spec = spec.node_affinity_in(HOSTNAME_LABEL, &[node]);
         }
-        Err(error) => return Err(format!("inspecting {guest_path}: {error}")),
-        Ok(_) => {}
+        // Check first: a spec the grants refuse must not leave a directory behind.
+        host.check(&spec)?;
+        dirs::create(&config.guest_path(&dir))?;
+        host.info(
+            "provisioned hostPath directory",
+            &[("pv", &request.pv_name), ("path", &node_path)],
+        );
+        Ok(spec)
     }
-    if deletion::archive_requested(volume) {
-        let archive = deletion::archive_name(&dir, |name| {
-            fs::symlink_metadata(config.guest_path(name)).is_ok()
-        });
-        let archive_path = config.guest_path(&archive);
-        fs::rename(&guest_path, &archive_path)
-            .map_err(|error| format!("archiving {guest_path} as {archive_path}: {error}"))?;
-        host::log(
-            LogLevel::Info,
-            "archived hostPath directory",
+
+    fn delete(request: &DeleteRequest, host: &dyn Host) -> Result<(), ProvisionError> {
+        let config = HostpathConfig::parse(&request.config)?;
+        let volume = &request.volume;
+        let dir = deletion::directory_to_delete(volume, &config).map_err(final_error)?;
+        let guest_path = config.guest_path(&dir);
+        let fields = [("pv", volume.name.as_str()), ("dir", dir.as_str())];
+        if !dirs::exists(&guest_path)? {
+            host.info("hostPath directory already gone", &fields);
+        } else if deletion::archive_requested(volume) {
+            let archive = dirs::rename_to_free_name(
+                &guest_path,
+                &config.guest_dir,
+                &deletion::archive_base(&dir),
+            )?;
+            host.info(
+                "archived hostPath directory",
+                &[fields[0], fields[1], ("archive", &archive)],
+            );
+        } else {
+            dirs::remove(&guest_path)?;
+            host.info("deleted hostPath directory", &fields);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use wasm_provisioner_sdk::testing::{self, FakeHost};
+    use wasm_provisioner_sdk::{VolumeSource, pair};
+
+    /// A granted directory: a temporary directory seen as both guest-dir and node-dir.
+    struct Dir(std::path::PathBuf);
+
+    impl Dir {
+        fn new(name: &str) -> Dir {
+            let path =
+                std::env::temp_dir().join(format!("hostpath-test-{name}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&path);
+            fs::create_dir_all(&path).unwrap();
+            Dir(path)
+        }
+        fn config(&self) -> String {
+            let p = self.0.display();
+            format!(r#"{{"guest-dir": "{p}", "node-dir": "{p}"}}"#)
+        }
+        fn host(&self) -> FakeHost {
+            FakeHost::new().host_paths(&self.0.display().to_string())
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn request(dir: &Dir, params: &[(&str, &str)]) -> ProvisionRequest {
+        testing::request(
+            testing::claim("team-a", "data"),
+            testing::class("hostpath", params),
+            &dir.config(),
+        )
+    }
+
+    #[test]
+    fn provisions_the_pv_name_directory_and_deletes_it() {
+        let dir = Dir::new("plain");
+        let host = dir.host();
+        let mut request = request(&dir, &[]);
+        request.selected_node = Some("node-1".into());
+        let spec = Hostpath::provision(&request, &host).unwrap();
+        let path = dir.0.join("pvc-uid-team-a-data");
+        assert!(path.is_dir());
+        assert_eq!(
+            spec.source.as_ref().and_then(VolumeSource::path),
+            Some(path.to_str().unwrap())
+        );
+        assert_eq!(spec.capacity, Some(1 << 30));
+        assert_eq!(spec.annotations[DIR_ANNOTATION], "pvc-uid-team-a-data");
+        assert_eq!(
+            spec.node_affinity[0].requirements[0].values,
+            vec!["node-1".to_string()]
+        );
+        assert_eq!(
+            Hostpath::provision(&request, &host).unwrap(),
+            spec,
+            "idempotent"
+        );
+
+        let delete = testing::delete_request(testing::volume(&request, &spec), &dir.config());
+        Hostpath::delete(&delete, &host).unwrap();
+        assert!(!path.exists());
+        Hostpath::delete(&delete, &host).unwrap();
+        assert!(
+            host.logs().iter().any(|line| line.contains("already gone")),
+            "{:?}",
+            host.logs()
+        );
+    }
+
+    #[test]
+    fn archives_pattern_directories() {
+        let dir = Dir::new("archive");
+        let host = dir.host();
+        let mut request = request(
+            &dir,
             &[
-                pair("pv", &volume.name),
-                pair("dir", &dir),
-                pair("archive", &archive),
+                ("pathPattern", "${pvc.namespace}/${pvc.labels.app}"),
+                ("archiveOnDelete", "1"),
             ],
         );
-    } else {
-        match fs::remove_dir_all(&guest_path) {
-            Err(error) if error.kind() != ErrorKind::NotFound => {
-                return Err(format!("removing {guest_path}: {error}"));
-            }
-            _ => {}
-        }
-        host::log(
-            LogLevel::Info,
-            "deleted hostPath directory",
-            &[pair("pv", &volume.name), pair("dir", &dir)],
+        request.claim.labels.push(pair("app", "db"));
+        let spec = Hostpath::provision(&request, &host).unwrap();
+        assert!(dir.0.join("team-a/db").is_dir());
+        let delete = testing::delete_request(testing::volume(&request, &spec), &dir.config());
+        Hostpath::delete(&delete, &host).unwrap();
+        assert!(dir.0.join("archived-db").is_dir() && !dir.0.join("team-a/db").exists());
+    }
+
+    #[test]
+    fn a_refused_spec_or_bad_parameter_creates_nothing() {
+        let dir = Dir::new("refused");
+        let request = request(&dir, &[]);
+        let error =
+            Hostpath::provision(&request, &FakeHost::new().host_paths("/elsewhere")).unwrap_err();
+        assert!(
+            matches!(&error, ProvisionError::Final(m) if m.contains("not granted")),
+            "{error:?}"
         );
-    }
-    Ok(())
-}
-
-fn spec_error_message(error: SpecError) -> String {
-    match error {
-        SpecError::NotGranted(message) => format!("volume spec not granted: {message}"),
-        SpecError::Invalid(message) => format!("volume spec invalid: {message}"),
-    }
-}
-
-fn pair(key: &str, value: &str) -> Pair {
-    Pair {
-        key: key.to_owned(),
-        value: value.to_owned(),
+        let bad = self::request(&dir, &[("pathPattern", "../${pvc.name}")]);
+        let error = Hostpath::provision(&bad, &dir.host()).unwrap_err();
+        assert!(
+            matches!(&error, ProvisionError::Final(m) if m.contains("pathPattern")),
+            "{error:?}"
+        );
+        assert_eq!(fs::read_dir(&dir.0).unwrap().count(), 0);
     }
 }

@@ -1,6 +1,6 @@
 //! The StorageClass parameters hostpath understands, parsed and checked in one place.
 
-use crate::wasm_provisioner::provisioner::types::Pair;
+use wasm_provisioner_sdk::{ParameterError, Parameters, StorageClass};
 
 /// `pathPattern`: the directory of a volume, relative to the granted directory.
 pub const PATH_PATTERN: &str = "pathPattern";
@@ -18,73 +18,42 @@ pub struct ClassParameters {
 
 impl ClassParameters {
     /// Parses the class parameters; unknown ones are an error, so that typos do not pass silently.
-    pub fn parse(parameters: &[Pair]) -> Result<Self, String> {
-        let mut parsed = Self::default();
-        let mut unknown = Vec::new();
-        for Pair { key, value } in parameters {
-            match key.as_str() {
-                PATH_PATTERN => parsed.path_pattern = Some(value.clone()),
-                ARCHIVE_ON_DELETE => {
-                    parsed.archive_on_delete = parse_bool(value).ok_or_else(|| {
-                        format!("parameter {ARCHIVE_ON_DELETE}: expected a boolean, got {value}")
-                    })?;
-                }
-                _ => unknown.push(key.as_str()),
-            }
-        }
-        if !unknown.is_empty() {
-            unknown.sort_unstable();
-            return Err(format!(
-                "unknown StorageClass parameters: {} (known: {PATH_PATTERN}, {ARCHIVE_ON_DELETE})",
-                unknown.join(", ")
-            ));
-        }
+    pub fn parse(class: &StorageClass) -> Result<Self, ParameterError> {
+        let mut params = Parameters::of(class);
+        let parsed = Self {
+            path_pattern: params.string(PATH_PATTERN).map(str::to_owned),
+            archive_on_delete: params.bool(ARCHIVE_ON_DELETE)?.unwrap_or(false),
+        };
+        params.finish()?;
         Ok(parsed)
-    }
-}
-
-/// Booleans as Go's `strconv.ParseBool` reads them, which is what StorageClass authors expect.
-fn parse_bool(value: &str) -> Option<bool> {
-    match value {
-        "true" | "True" | "TRUE" | "t" | "T" | "1" => Some(true),
-        "false" | "False" | "FALSE" | "f" | "F" | "0" => Some(false),
-        _ => None,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wasm_provisioner_sdk::testing::class;
 
-    fn parameters(pairs: &[(&str, &str)]) -> Vec<Pair> {
-        pairs
-            .iter()
-            .map(|(key, value)| Pair {
-                key: (*key).to_owned(),
-                value: (*value).to_owned(),
-            })
-            .collect()
+    fn parse(pairs: &[(&str, &str)]) -> Result<ClassParameters, String> {
+        ClassParameters::parse(&class("hostpath", pairs)).map_err(|error| error.to_string())
     }
 
     #[test]
     fn defaults_without_parameters() {
-        assert_eq!(
-            ClassParameters::parse(&[]).unwrap(),
-            ClassParameters::default()
-        );
+        assert_eq!(parse(&[]).unwrap(), ClassParameters::default());
     }
 
     #[test]
     fn reads_both_parameters() {
-        let parsed = ClassParameters::parse(&parameters(&[
+        let parsed = parse(&[
             ("pathPattern", "${pvc.namespace}"),
             ("archiveOnDelete", "true"),
-        ]))
+        ])
         .unwrap();
         assert_eq!(parsed.path_pattern.as_deref(), Some("${pvc.namespace}"));
         assert!(parsed.archive_on_delete);
         assert!(
-            !ClassParameters::parse(&parameters(&[("archiveOnDelete", "False")]))
+            !parse(&[("archiveOnDelete", "False")])
                 .unwrap()
                 .archive_on_delete
         );
@@ -92,21 +61,16 @@ mod tests {
 
     #[test]
     fn non_boolean_archive_on_delete_is_refused() {
-        let error = ClassParameters::parse(&parameters(&[("archiveOnDelete", "yes")])).unwrap_err();
         assert_eq!(
-            error,
+            parse(&[("archiveOnDelete", "yes")]).unwrap_err(),
             "parameter archiveOnDelete: expected a boolean, got yes"
         );
     }
 
     #[test]
     fn unknown_parameters_are_named() {
-        let error = ClassParameters::parse(&parameters(&[
-            ("zeta", "1"),
-            ("pathPatern", "x"),
-            ("archiveOnDelete", "0"),
-        ]))
-        .unwrap_err();
+        let error =
+            parse(&[("zeta", "1"), ("pathPatern", "x"), ("archiveOnDelete", "0")]).unwrap_err();
         assert!(
             error.starts_with("unknown StorageClass parameters: pathPatern, zeta"),
             "{error}"

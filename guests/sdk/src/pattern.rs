@@ -1,7 +1,11 @@
-//! Turns the `pathPattern` class parameter into a volume's directory, and checks that a
-//! directory stays inside the granted one.
+//! Path patterns (`${pvc.namespace}/${pvc.name}`): a volume's directory from the claim, and the
+//! check that a directory stays inside the granted one.
+//!
+//! Variables: `${pv.name}`, `${pvc.namespace}`, `${pvc.name}`, `${pvc.labels.KEY}`,
+//! `${pvc.annotations.KEY}`. A missing label or annotation is an error naming it (silently
+//! substituting "" would put different claims' data in one directory).
 
-use crate::wasm_provisioner::provisioner::types::{Pair, ProvisionRequest};
+use crate::types::{Pair, ProvisionRequest};
 
 /// What a `pathPattern` can refer to.
 pub struct PatternValues<'a> {
@@ -50,16 +54,47 @@ impl<'a> PatternValues<'a> {
     }
 }
 
-fn value_of<'a>(pairs: &'a [Pair], key: &str) -> Option<&'a str> {
-    pairs
-        .iter()
-        .find(|pair| pair.key == key)
-        .map(|pair| pair.value.as_str())
-}
+use crate::types::lookup as value_of;
 
 /// Expands `pattern` and checks that the result is a safe relative directory.
 /// Errors name the pattern, for the `ProvisioningFailed` event.
-pub fn expand(pattern: &str, values: &PatternValues) -> Result<String, String> {
+pub fn expand(pattern: &str, values: &PatternValues) -> Result<String, PatternError> {
+    expand_text(pattern, values).map_err(PatternError)
+}
+
+/// A pattern that does not expand to a safe directory; the message names the pattern.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PatternError(pub String);
+
+impl std::fmt::Display for PatternError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for PatternError {}
+
+impl From<PatternError> for crate::types::ProvisionError {
+    fn from(error: PatternError) -> Self {
+        crate::types::final_error(error)
+    }
+}
+
+/// Substitutes the variables of `pattern` without checking the result: for guests that allow
+/// `..` on purpose and confine the path themselves. Prefer [`expand`].
+pub fn substitute(pattern: &str, values: &PatternValues) -> Result<String, PatternError> {
+    substitute_text(pattern, values).map_err(PatternError)
+}
+
+fn expand_text(pattern: &str, values: &PatternValues) -> Result<String, String> {
+    let expanded = substitute_text(pattern, values)?;
+    check_relative_dir(&expanded).map_err(|why| {
+        format!("parameter pathPattern {pattern:?} expands to {expanded:?}, which {why}")
+    })?;
+    Ok(expanded)
+}
+
+fn substitute_text(pattern: &str, values: &PatternValues) -> Result<String, String> {
     let mut expanded = String::new();
     let mut rest = pattern;
     while let Some(start) = rest.find("${") {
@@ -75,9 +110,6 @@ pub fn expand(pattern: &str, values: &PatternValues) -> Result<String, String> {
         rest = &after_open[end + 1..];
     }
     expanded.push_str(rest);
-    check_relative_dir(&expanded).map_err(|why| {
-        format!("parameter pathPattern {pattern:?} expands to {expanded:?}, which {why}")
-    })?;
     Ok(expanded)
 }
 
@@ -128,7 +160,7 @@ mod tests {
             claim_labels: &labels,
             claim_annotations: &annotations,
         };
-        expand(pattern, &values)
+        expand(pattern, &values).map_err(|error| error.to_string())
     }
 
     #[test]

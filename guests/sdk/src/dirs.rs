@@ -1,0 +1,84 @@
+//! Directory chores inside the guest's granted directories, with errors that name the path:
+//! create, check, remove (already gone is fine), and rename to a free name (archiving).
+
+use std::fs;
+use std::io::ErrorKind;
+
+use crate::types::{ProvisionError, final_error};
+
+/// `mkdir -p`.
+pub fn create(path: &str) -> Result<(), ProvisionError> {
+    fs::create_dir_all(path)
+        .map_err(|error| final_error(format!("creating directory {path}: {error}")))
+}
+
+/// Whether `path` exists (a symlink counts, and is not followed).
+pub fn exists(path: &str) -> Result<bool, ProvisionError> {
+    match fs::symlink_metadata(path) {
+        Ok(_) => Ok(true),
+        Err(error) if error.kind() == ErrorKind::NotFound => Ok(false),
+        Err(error) => Err(final_error(format!("inspecting {path}: {error}"))),
+    }
+}
+
+/// `rm -r`; returns false when there was nothing to remove.
+pub fn remove(path: &str) -> Result<bool, ProvisionError> {
+    match fs::remove_dir_all(path) {
+        Ok(()) => Ok(true),
+        Err(error) if error.kind() == ErrorKind::NotFound => Ok(false),
+        Err(error) => Err(final_error(format!("removing {path}: {error}"))),
+    }
+}
+
+/// Renames `from` to `{root}/{base}`, or `{base}-1`, `{base}-2`, ... if taken; returns the name.
+pub fn rename_to_free_name(from: &str, root: &str, base: &str) -> Result<String, ProvisionError> {
+    let path_of = |name: &str| crate::join(root, name);
+    let name = free_name(base, |name| fs::symlink_metadata(path_of(name)).is_ok());
+    let to = path_of(&name);
+    fs::rename(from, &to)
+        .map_err(|error| final_error(format!("renaming {from} to {to}: {error}")))?;
+    Ok(name)
+}
+
+/// `base`, or the first of `base-1`, `base-2`, ... that `taken` says is free.
+pub fn free_name(base: &str, taken: impl Fn(&str) -> bool) -> String {
+    if !taken(base) {
+        return base.to_owned();
+    }
+    (1u64..)
+        .map(|suffix| format!("{base}-{suffix}"))
+        .find(|candidate| !taken(candidate))
+        .expect("some numeric suffix is free")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chores_on_a_real_directory() {
+        let root = std::env::temp_dir().join(format!("sdk-dirs-{}", std::process::id()));
+        let root = root.to_str().unwrap().to_owned();
+        let a = format!("{root}/x/a");
+        create(&a).unwrap();
+        assert!(exists(&a).unwrap());
+        create(&format!("{root}/archived-a")).unwrap();
+        assert_eq!(
+            rename_to_free_name(&a, &root, "archived-a").unwrap(),
+            "archived-a-1"
+        );
+        assert!(!exists(&a).unwrap());
+        assert!(remove(&format!("{root}/archived-a-1")).unwrap());
+        assert!(
+            !remove(&format!("{root}/archived-a-1")).unwrap(),
+            "already gone"
+        );
+        remove(&root).unwrap();
+    }
+
+    #[test]
+    fn free_names_count_up() {
+        assert_eq!(free_name("a", |_| false), "a");
+        assert_eq!(free_name("a", |n| ["a", "a-1"].contains(&n)), "a-2");
+    }
+}

@@ -1,0 +1,208 @@
+//! Native unit testing of guests: a [`FakeHost`] with grants of its own and recorded logs, and
+//! records that read like the spec (`claim("ns", "data")`, `class("fast", &[...])`).
+//!
+//! ```
+//! use wasm_provisioner_sdk::testing::{self, FakeHost};
+//! use wasm_provisioner_sdk::{Host, VolumeSpec, HostPathType};
+//! let host = FakeHost::new().host_paths("/data");
+//! assert!(host.check(&VolumeSpec::host_path("/data/pvc-1", HostPathType::DirectoryOrCreate)).is_ok());
+//! assert!(host.check(&VolumeSpec::host_path("/etc", HostPathType::Directory)).is_err());
+//! let request = testing::request(testing::claim("ns", "data"), testing::class("fast", &[]), "{}");
+//! assert_eq!(request.pv_name, "pvc-uid-ns-data");
+//! ```
+
+use std::cell::RefCell;
+
+use crate::host::Host;
+use crate::spec::VolumeSpec;
+use crate::types::*;
+
+/// A host for native tests: checks specs against its own small grants, records log lines.
+#[derive(Debug, Default)]
+pub struct FakeHost {
+    host_path_prefixes: Vec<String>,
+    local_prefixes: Vec<String>,
+    nfs_servers: Vec<String>,
+    logs: RefCell<Vec<(LogLevel, String)>>,
+}
+
+impl FakeHost {
+    /// A host that grants nothing (every spec is refused).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Grants `hostPath` volumes under `prefix`.
+    #[must_use]
+    pub fn host_paths(mut self, prefix: &str) -> Self {
+        self.host_path_prefixes.push(prefix.to_owned());
+        self
+    }
+
+    /// Grants `local` volumes under `prefix`.
+    #[must_use]
+    pub fn local_paths(mut self, prefix: &str) -> Self {
+        self.local_prefixes.push(prefix.to_owned());
+        self
+    }
+
+    /// Grants NFS volumes on `server`.
+    #[must_use]
+    pub fn nfs_server(mut self, server: &str) -> Self {
+        self.nfs_servers.push(server.to_owned());
+        self
+    }
+
+    /// The messages logged so far, each as `LEVEL message key=value ...`.
+    pub fn logs(&self) -> Vec<String> {
+        self.logs
+            .borrow()
+            .iter()
+            .map(|(level, line)| format!("{level:?} {line}"))
+            .collect()
+    }
+}
+
+fn under(path: &str, prefixes: &[String]) -> bool {
+    prefixes.iter().any(|prefix| {
+        let prefix = prefix.trim_end_matches('/');
+        path == prefix
+            || path
+                .strip_prefix(prefix)
+                .is_some_and(|rest| rest.starts_with('/'))
+    })
+}
+
+fn normalised(path: &str) -> bool {
+    path.starts_with('/')
+        && !path.contains("//")
+        && !path.split('/').any(|part| part == "." || part == "..")
+}
+
+impl Host for FakeHost {
+    fn log(&self, level: LogLevel, message: &str, fields: &[(&str, &str)]) {
+        let mut line = message.to_owned();
+        for (key, value) in fields {
+            line.push_str(&format!(" {key}={value}"));
+        }
+        self.logs.borrow_mut().push((level, line));
+    }
+
+    /// The host's main checks, in small: source present, kind granted, path normalised and
+    /// under a granted prefix, server granted, `local` with node affinity, no reserved keys.
+    fn check(&self, spec: &VolumeSpec) -> Result<(), SpecError> {
+        let refused = |what: String| Err(SpecError::NotGranted(what));
+        let (path, prefixes) = match &spec.source {
+            None => return Err(SpecError::Invalid("the volume has no source".to_owned())),
+            Some(VolumeSource::HostPath(source)) => (&source.path, &self.host_path_prefixes),
+            Some(VolumeSource::Local(source)) => {
+                if spec.node_affinity.is_empty() {
+                    return Err(SpecError::Invalid(
+                        "a local volume needs node affinity".to_owned(),
+                    ));
+                }
+                (&source.path, &self.local_prefixes)
+            }
+            Some(VolumeSource::Nfs(source)) => {
+                if !self.nfs_servers.contains(&source.server) {
+                    return refused(format!("NFS server {:?} is not granted", source.server));
+                }
+                (&source.path, &Vec::new())
+            }
+            Some(VolumeSource::Csi(source)) => {
+                return refused(format!("CSI driver {:?} is not granted", source.driver));
+            }
+        };
+        if !normalised(path) {
+            return Err(SpecError::Invalid(format!(
+                "path {path:?} must be absolute and normalised"
+            )));
+        }
+        if !matches!(spec.source, Some(VolumeSource::Nfs(_))) && !under(path, prefixes) {
+            return refused(format!(
+                "path {path:?} is outside the granted prefixes {prefixes:?}"
+            ));
+        }
+        for key in spec.annotations.keys().chain(spec.labels.keys()) {
+            if key.starts_with("kubernetes.io/") || key.contains(".kubernetes.io/") {
+                return refused(format!("key {key:?} is one the host owns"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A claim `namespace/name`: uid `uid-<namespace>-<name>`, 1 GiB, ReadWriteOnce, filesystem.
+pub fn claim(namespace: &str, name: &str) -> Claim {
+    Claim {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        uid: format!("uid-{namespace}-{name}"),
+        labels: Vec::new(),
+        annotations: Vec::new(),
+        requested_bytes: crate::quantity::GIB,
+        limit_bytes: None,
+        access_modes: vec![AccessMode::ReadWriteOnce],
+        volume_mode: VolumeMode::Filesystem,
+        has_selector: false,
+        has_data_source: false,
+    }
+}
+
+/// A class `name` with parameters; Delete, Immediate, no mount options.
+pub fn class(name: &str, parameters: &[(&str, &str)]) -> StorageClass {
+    StorageClass {
+        name: name.to_owned(),
+        provisioner: "example.com/test".to_owned(),
+        parameters: parameters
+            .iter()
+            .map(|(key, value)| pair(key, value))
+            .collect(),
+        reclaim_policy: ReclaimPolicy::Delete,
+        mount_options: Vec::new(),
+        binding_mode: BindingMode::Immediate,
+        allowed_topologies: Vec::new(),
+    }
+}
+
+/// A provision request as the host makes it: PV `pvc-<claim uid>`, no selected node.
+pub fn request(claim: Claim, class: StorageClass, config: &str) -> ProvisionRequest {
+    ProvisionRequest {
+        pv_name: format!("pvc-{}", claim.uid),
+        claim,
+        storage_class: class,
+        selected_node: None,
+        config: config.to_owned(),
+    }
+}
+
+/// The volume the host would hand `delete` for the PV it built from `request` and `spec`.
+pub fn volume(request: &ProvisionRequest, spec: &VolumeSpec) -> Volume {
+    Volume {
+        name: request.pv_name.clone(),
+        capacity_bytes: spec.capacity.unwrap_or(request.claim.requested_bytes),
+        source: spec.source.clone().expect("the spec has a source"),
+        reclaim_policy: spec
+            .reclaim_policy
+            .unwrap_or(request.storage_class.reclaim_policy),
+        storage_class_name: request.storage_class.name.clone(),
+        labels: spec
+            .labels
+            .iter()
+            .map(|(key, value)| pair(key, value))
+            .collect(),
+        annotations: spec.annotation_pairs(),
+        node_affinity: spec.node_affinity.clone(),
+        claim_namespace: Some(request.claim.namespace.clone()),
+        claim_name: Some(request.claim.name.clone()),
+    }
+}
+
+/// A delete request for `volume`, with no StorageClass (it may be gone by then).
+pub fn delete_request(volume: Volume, config: &str) -> DeleteRequest {
+    DeleteRequest {
+        volume,
+        storage_class: None,
+        config: config.to_owned(),
+    }
+}
