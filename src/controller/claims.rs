@@ -23,7 +23,7 @@ use super::events::{self, publish};
 use super::failures::fingerprint;
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError, ProvisionRequest};
 use crate::wasm::convert::{self, ConvertError, PvIdentity};
-use crate::wasm::{CallError, Guest};
+use crate::wasm::{Availability, CallError, Guest, Plugins};
 
 /// Why a claim reconcile did not finish.
 #[derive(Debug, thiserror::Error)]
@@ -223,8 +223,27 @@ async fn provision(
     }
     let plugins = ctx.plugins();
     let class = decide::claim_class(&pvc).and_then(|name| ctx.class(name));
-    let decision = decide::should_provision(&pvc, |p| plugins.serves(p), class.as_deref());
+    let decision = decide::should_provision(&pvc, |p| serving(&plugins, p), class.as_deref());
     let (provisioner, class_name) = match decision {
+        ClaimDecision::GuestGone(provisioner) => {
+            let why = match plugins.availability(provisioner) {
+                Availability::Unavailable(why) => why.to_string(),
+                _ => "it is not loaded".to_string(),
+            };
+            publish(
+                &ctx.recorder,
+                &pvc.object_ref(&()),
+                true,
+                events::WAITING_FOR_GUEST,
+                "Provision",
+                format!(
+                    "No guest serves {provisioner} right now ({why}); the claim waits and is provisioned once a guest for it is loaded again"
+                ),
+            )
+            .await;
+            // Not a failure: a plugins reload re-runs every claim.
+            return Ok(Action::await_change());
+        }
         ClaimDecision::Skip(reason) => {
             tracing::trace!(reason, "not provisioning");
             release_if_pv_exists(&pvc, &ctx).await?;
@@ -543,6 +562,15 @@ async fn finish_deleted_claim(
     )
     .await;
     Ok(Action::await_change())
+}
+
+/// A provisioner's standing for the pure decision.
+fn serving(plugins: &Plugins, provisioner: &str) -> decide::Serving {
+    match plugins.availability(provisioner) {
+        Availability::Served => decide::Serving::Yes,
+        Availability::Unavailable(_) => decide::Serving::Gone,
+        Availability::Unknown => decide::Serving::No,
+    }
 }
 
 fn provision_request(

@@ -19,6 +19,8 @@ pub const VOLUME_DELETED: &str = "VolumeDeleted";
 pub const GIVEN_UP: &str = "ProvisioningGivenUp";
 /// Warning: the volume's deletion was given up.
 pub const DELETE_GIVEN_UP: &str = "DeletionGivenUp";
+/// Warning: the claim's guest is not loaded now (unloaded or refused on reload); it waits.
+pub const WAITING_FOR_GUEST: &str = "WaitingForGuest";
 /// Normal: the claim was deleted while provisioning and its storage was cleaned up.
 pub const PROVISIONING_ABANDONED: &str = "ProvisioningAbandoned";
 

@@ -139,6 +139,20 @@ pub async fn run(
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
+    let (_fixed, plugins) = tokio::sync::watch::channel(plugins);
+    run_watching(client, plugins, settings, shutdown).await
+}
+
+/// [`run`] with live plugins: every set sent on `plugins` replaces the current one (calls in
+/// flight finish on the guest they started with) and re-runs every claim and volume, so claims
+/// that waited for a returning guest go ahead.
+pub async fn run_watching(
+    client: Client,
+    mut plugins: tokio::sync::watch::Receiver<Arc<Plugins>>,
+    settings: Settings,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    let initial = plugins.borrow_and_update().clone();
     let (classes, class_writer) = reflector::store::<StorageClass>();
     let class_api: Api<StorageClass> = Api::all(client.clone());
     let class_watch = watcher(class_api.clone(), watcher::Config::default())
@@ -167,7 +181,7 @@ pub async fn run(
     );
     let ctx = Arc::new(Context {
         client: client.clone(),
-        plugins: RwLock::new(plugins),
+        plugins: RwLock::new(initial),
         classes: classes.clone(),
         volumes,
         recorder,
@@ -190,13 +204,27 @@ pub async fn run(
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
+    let (reloaded_tx, reloaded) = tokio::sync::watch::channel(0u64);
+    tokio::spawn({
+        let ctx = ctx.clone();
+        async move {
+            while plugins.changed().await.is_ok() {
+                let next = plugins.borrow_and_update().clone();
+                ctx.set_plugins(next);
+                reloaded_tx.send_modify(|generation| *generation += 1);
+            }
+        }
+    });
     let resync = settings.resync_period;
     let claim_run = claim_controller
         .watches(class_api, watcher::Config::default(), {
             let claims = claims.clone();
             move |class: StorageClass| claims::claims_of_class(&claims, &class)
         })
-        .reconcile_all_on(resync_ticks(resync))
+        .reconcile_all_on(futures::stream::select(
+            resync_ticks(resync),
+            reload_ticks(reloaded.clone()),
+        ))
         .graceful_shutdown_on(shutdown_signal(shutdown_rx.clone()))
         .run(claims::reconcile, claims::error_policy, ctx.clone())
         .for_each(|result| async move {
@@ -205,7 +233,10 @@ pub async fn run(
             }
         });
     let volume_run = volume_controller
-        .reconcile_all_on(resync_ticks(resync))
+        .reconcile_all_on(futures::stream::select(
+            resync_ticks(resync),
+            reload_ticks(reloaded),
+        ))
         .graceful_shutdown_on(shutdown_signal(shutdown_rx.clone()))
         .run(volumes::reconcile, volumes::error_policy, ctx.clone())
         .for_each(|result| async move {
@@ -230,6 +261,16 @@ pub async fn run(
     }
     tracing::info!("controller stopped");
     Ok(())
+}
+
+/// One tick per plugins reload.
+fn reload_ticks(
+    reloaded: tokio::sync::watch::Receiver<u64>,
+) -> impl futures::Stream<Item = ()> + Send + 'static {
+    futures::stream::unfold(reloaded, |mut reloaded| async move {
+        reloaded.changed().await.ok()?;
+        Some(((), reloaded))
+    })
 }
 
 fn resync_ticks(period: Duration) -> impl futures::Stream<Item = ()> + Send + 'static {
