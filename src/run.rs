@@ -28,7 +28,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let plugins = scan?.plugins;
     let cache = engine.module_cache().map(|c| {
         use std::sync::atomic::Ordering::Relaxed;
-        (c.stats.hits.load(Relaxed), c.stats.misses.load(Relaxed) + c.stats.stale.load(Relaxed))
+        (
+            c.stats.hits.load(Relaxed),
+            c.stats.misses.load(Relaxed) + c.stats.stale.load(Relaxed),
+        )
     });
     tracing::info!(
         guests = plugins.len(),

@@ -13,15 +13,18 @@ pub enum Attack {
     HostBlock,
     /// `memory-bomb`: allocate 1 MiB chunks until the allocator gives up.
     MemoryBomb,
-    /// `stack-overflow`: unbounded recursion.
+    /// `stack-overflow`: unbounded recursion on wasm's own stack.
     StackOverflow,
+    /// `shadow-stack-overflow`: unbounded recursion with frames in linear memory (Rust's shadow
+    /// stack), which ends in an out-of-bounds access.
+    ShadowStackOverflow,
     /// `panic`: a Rust panic.
     Panic,
     /// `unreachable`: the `unreachable` instruction.
     Unreachable,
     /// `log-flood`: hundreds of thousands of `host.log` calls (empty and large), then succeed.
     LogFlood,
-    /// `stdout-flood`: 64 MiB to stdout and stderr each, then succeed.
+    /// `stdout-flood`: 16 MiB to stdout and stderr each (1000 times the default bound), then succeed.
     StdoutFlood,
     /// `host-owned-keys`: set `pv.kubernetes.io/provisioned-by`, `bound-by-controller`, a
     /// `kubernetes.io/` label; ignore the refusals and return the spec anyway.
@@ -45,6 +48,7 @@ const ALL: &[(&str, Attack)] = &[
     ("host-block", Attack::HostBlock),
     ("memory-bomb", Attack::MemoryBomb),
     ("stack-overflow", Attack::StackOverflow),
+    ("shadow-stack-overflow", Attack::ShadowStackOverflow),
     ("panic", Attack::Panic),
     ("unreachable", Attack::Unreachable),
     ("log-flood", Attack::LogFlood),

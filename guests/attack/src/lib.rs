@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! provision ─▶ attack? ── spin / host-loop / host-block ───────────▶ never returns (deadline)
-//!                      ── memory-bomb / stack-overflow / panic / unreachable ─▶ traps
+//!                      ── memory-bomb / (shadow-)stack-overflow / panic / unreachable ─▶ traps
 //!                      ── log-flood / stdout-flood ──▶ floods, then a normal volume
 //!                      ── host-owned-keys / huge-* / negative-* / invalid-labels
 //!                           ─▶ refused setters ignored, the spec returned anyway
@@ -87,7 +87,11 @@ impl Guest for AttackGuest {
                 }
             }
             Attack::StackOverflow => {
-                let depth = recurse(black_box(1));
+                let result = recurse(black_box(u64::MAX));
+                Err(ProvisionError::Final(format!("recursion ended: {result}")))
+            }
+            Attack::ShadowStackOverflow => {
+                let depth = recurse_in_memory(black_box(1));
                 Err(ProvisionError::Final(format!("recursion ended at {depth}")))
             }
             Attack::Panic => panic!("attack guest panics on purpose"),
@@ -104,7 +108,7 @@ impl Guest for AttackGuest {
             Attack::StdoutFlood => {
                 let line = "flood ".repeat(1000);
                 let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
-                for _ in 0..(64 << 20) / line.len() {
+                for _ in 0..(16 << 20) / line.len() {
                     let _ = writeln!(out, "{line}");
                     let _ = writeln!(err, "{line}");
                 }
@@ -213,13 +217,25 @@ fn spin() -> ! {
     }
 }
 
-/// Recursion the optimiser cannot turn into a loop: each frame keeps a buffer alive.
+/// Recursion the optimiser cannot turn into a loop, whose frames live on wasm's own stack
+/// (locals only, nothing in linear memory): it overflows the engine's stack limit.
+#[inline(never)]
 fn recurse(n: u64) -> u64 {
+    if n == 0 {
+        return 1;
+    }
+    let below = recurse(n - 1);
+    below.wrapping_mul(n) ^ (n >> 3)
+}
+
+/// Recursion whose frames keep a buffer in linear memory (Rust's shadow stack): it runs off the
+/// bottom of the shadow stack, an out-of-bounds access, before wasm's own stack is exhausted.
+fn recurse_in_memory(n: u64) -> u64 {
     let frame = black_box([n; 32]);
     if frame[0] == u64::MAX {
         return 0;
     }
-    recurse(frame[1] + 1) + frame[2]
+    recurse_in_memory(frame[1] + 1) + frame[2]
 }
 
 #[cfg(target_arch = "wasm32")]
