@@ -268,6 +268,14 @@ async fn provision(
         release_if_pv_exists(&pvc, &ctx).await?;
         return Ok(Action::await_change());
     }
+    if guest.at_capacity() {
+        // Waiting here would hold a reconcile worker every other guest needs too.
+        return Err(ClaimError::Transient(format!(
+            "guest {} is at its max-concurrency of {}; retrying",
+            guest.name(),
+            guest.grants().max_concurrency
+        )));
+    }
     if decide::wants_block(&pvc) && !guest.supports_block().await.map_err(ClaimError::Guest)? {
         let uid = pvc.metadata.uid.clone().unwrap_or_default();
         ctx.claim_failures

@@ -49,9 +49,10 @@ pub async fn publish(
     }
 }
 
+/// Cuts `s` to at most `max` bytes (the API server counts bytes), ellipsis included.
 fn truncate(mut s: String, max: usize) -> String {
     if s.len() > max {
-        let mut cut = max;
+        let mut cut = max - '…'.len_utf8();
         while !s.is_char_boundary(cut) {
             cut -= 1;
         }
@@ -59,4 +60,16 @@ fn truncate(mut s: String, max: usize) -> String {
         s.push('…');
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_are_cut_to_the_byte_limit_with_the_ellipsis_inside_it() {
+        let cut = truncate("é".repeat(700), 1024);
+        assert!(cut.len() <= 1024 && cut.ends_with('…'), "{}", cut.len());
+        assert_eq!(truncate("short".into(), 1024), "short");
+    }
 }

@@ -431,6 +431,12 @@ impl Guest {
         &self.contract
     }
 
+    /// Whether every concurrency slot is taken: a caller that should not wait in line (a
+    /// reconcile worker shared with other guests) can come back later instead.
+    pub fn at_capacity(&self) -> bool {
+        self.semaphore.available_permits() == 0
+    }
+
     fn new_store(&self, deadline: Instant) -> Result<(Store<GuestState>, Output), CallError> {
         let stdout = BoundedOutput::new(self.grants.output_bytes);
         let stderr = BoundedOutput::new(self.grants.output_bytes);
@@ -536,7 +542,15 @@ impl Guest {
                 "{operation} exceeded its memory cap of {} MiB",
                 self.grants.memory_bytes / (1024 * 1024)
             ),
-            _ => format!("{operation}: {error:#}"),
+            // The trap (or the host's refusal) says what happened; the wasm backtrace is for
+            // the debug log, not for a Kubernetes event.
+            _ => {
+                tracing::debug!(guest = %self.name, operation, error = %format!("{error:?}"), "guest fault");
+                match trap {
+                    Some(trap) => format!("{operation}: {trap}"),
+                    None => format!("{operation}: {}", error.root_cause()),
+                }
+            }
         };
         let stderr = stderr.trim();
         if !stderr.is_empty() {
