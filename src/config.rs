@@ -138,6 +138,19 @@ pub struct RunArgs {
     /// Path of the metrics endpoint.
     #[arg(long, default_value = "/metrics", value_parser = parse_http_path)]
     pub metrics_path: String,
+    /// Directory for compiled guests (native code), keyed by module hash and engine; must not
+    /// be, contain or lie inside the plugins directory. Without it every start compiles.
+    #[arg(long, env = "WP_MODULE_CACHE")]
+    pub module_cache: Option<PathBuf>,
+    /// Instance allocation: `auto` uses the pooling allocator when the address space allows it.
+    #[arg(long, value_enum, default_value_t = crate::wasm::Pooling::Auto)]
+    pub pooling: crate::wasm::Pooling,
+    /// Full rescan of the plugins directory this often, on top of file-change events.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub plugins_rescan_interval: Duration,
+    /// Quiet time after a change in the plugins directory before it is loaded (partial writes).
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    pub plugins_debounce: Duration,
 }
 
 /// `--leader-election-mode`.
@@ -258,6 +271,22 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 impl RunArgs {
+    /// How the wasm engine is built.
+    pub fn engine_options(&self) -> crate::wasm::EngineOptions {
+        crate::wasm::EngineOptions {
+            pooling: self.pooling,
+            module_cache: self.module_cache.clone(),
+        }
+    }
+
+    /// How the plugins directory is watched.
+    pub fn watch_options(&self) -> crate::wasm::reload::WatchOptions {
+        crate::wasm::reload::WatchOptions {
+            rescan: self.plugins_rescan_interval.max(Duration::from_secs(1)),
+            debounce: self.plugins_debounce,
+        }
+    }
+
     /// The controller settings these flags describe.
     pub fn settings(&self) -> Settings {
         Settings {

@@ -1,6 +1,8 @@
-//! `wasm-provisioner run`: load the guests, connect to the API server, run the controller.
+//! `wasm-provisioner run`: load the guests, connect to the API server, run the controller, and
+//! keep the guests in step with the plugins directory.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::Context as _;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -9,10 +11,12 @@ use crate::config::RunArgs;
 use crate::controller;
 use crate::http;
 use crate::metrics::Metrics;
-use crate::wasm::{WasmEngine, load_dir};
+use crate::wasm::WasmEngine;
+use crate::wasm::reload::{self, Loader};
 
 /// Runs until SIGTERM or SIGINT, then stops taking work and exits once in-flight work is done.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
     let metrics = Metrics::new();
     if let Some(address) = args.metrics_address {
         // Up before the guests load, so liveness answers while readiness still says no.
@@ -20,12 +24,41 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         tracing::info!(address = ?server.local_addr(), path = %args.metrics_path, "serving metrics, /healthz and /readyz");
         tokio::spawn(server.run());
     }
-    let engine = WasmEngine::new()?.with_metrics(metrics.clone());
-    let dir = args.plugins.clone();
-    let plugins = tokio::task::spawn_blocking(move || load_dir(&engine, &dir)).await??;
-    if plugins.is_empty() {
-        tracing::warn!(dir = %args.plugins.display(), "no guest loaded; nothing will be provisioned");
+    let engine = WasmEngine::with_options(&args.engine_options())?.with_metrics(metrics.clone());
+    if let Some(cache) = engine.module_cache() {
+        cache.check_separate_from(&args.plugins)?;
     }
+    let mut loader = Loader::new(engine.clone(), args.plugins.clone());
+    let (loader, scan) = tokio::task::spawn_blocking(move || {
+        let scan = loader.scan();
+        (loader, scan)
+    })
+    .await?;
+    let plugins = scan?.plugins;
+    let cache = engine.module_cache().map(|c| {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            c.stats.hits.load(Relaxed),
+            c.stats.misses.load(Relaxed) + c.stats.stale.load(Relaxed),
+        )
+    });
+    tracing::info!(
+        guests = plugins.len(),
+        problems = plugins.problems.len(),
+        ready_ms = started.elapsed().as_millis() as u64,
+        pooling = engine.pooling(),
+        cache_hits = cache.map(|c| c.0),
+        cache_misses = cache.map(|c| c.1),
+        "plugins ready"
+    );
+    if plugins.is_empty() {
+        tracing::warn!(dir = %args.plugins.display(), "no guest loaded yet; the directory is watched");
+    }
+    let (plugins_tx, plugins_rx) = tokio::sync::watch::channel(Arc::new(plugins));
+    let _watcher = reload::watch(loader, args.watch_options(), move |plugins| {
+        let _ = plugins_tx.send(plugins);
+    })
+    .context("cannot start watching the plugins directory")?;
     let config = match &args.kubeconfig {
         Some(path) => {
             let kubeconfig = Kubeconfig::read_from(path)
@@ -35,9 +68,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         None => kube::Config::infer().await?,
     };
     let client = kube::Client::try_from(config)?;
-    controller::run_with_metrics(
+    controller::run_watching(
         client,
-        Arc::new(plugins),
+        plugins_rx,
         args.settings(),
         metrics,
         shutdown_signal(),

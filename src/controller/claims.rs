@@ -25,7 +25,7 @@ use super::gate::{self, GateError, LockKey};
 use crate::metrics::Queue;
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError, ProvisionRequest};
 use crate::wasm::convert::{self, ConvertError, PvIdentity};
-use crate::wasm::{CallError, Guest};
+use crate::wasm::{Availability, CallError, Guest, Plugins};
 
 /// Why a claim reconcile did not finish.
 #[derive(Debug, thiserror::Error)]
@@ -290,8 +290,27 @@ async fn provision(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result
     }
     let plugins = ctx.plugins();
     let class = decide::claim_class(&pvc).and_then(|name| ctx.class(name));
-    let decision = decide::should_provision(&pvc, |p| plugins.serves(p), class.as_deref());
+    let decision = decide::should_provision(&pvc, |p| serving(&plugins, p), class.as_deref());
     let (provisioner, class_name) = match decision {
+        ClaimDecision::GuestGone(provisioner) => {
+            let why = match plugins.availability(provisioner) {
+                Availability::Unavailable(why) => why.to_string(),
+                _ => "it is not loaded".to_string(),
+            };
+            publish(
+                &ctx.recorder,
+                &pvc.object_ref(&()),
+                true,
+                events::WAITING_FOR_GUEST,
+                "Provision",
+                format!(
+                    "No guest serves {provisioner} right now ({why}); the claim waits and is provisioned once a guest for it is loaded again"
+                ),
+            )
+            .await;
+            // Not a failure: a plugins reload re-runs every claim.
+            return Ok(Done::Nothing);
+        }
         ClaimDecision::Skip(reason) => {
             tracing::trace!(reason, "not provisioning");
             release_if_pv_exists(&pvc, &ctx).await?;
@@ -326,6 +345,14 @@ async fn provision(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result
             release_if_pv_exists(&pvc, &ctx).await?;
             return Ok(Done::Nothing);
         }
+    }
+    if guest.at_capacity() {
+        // Waiting here would hold a reconcile worker every other guest needs too.
+        return Err(ClaimError::Transient(format!(
+            "guest {} is at its max-concurrency of {}; retrying",
+            guest.name(),
+            guest.grants().max_concurrency
+        )));
     }
     if decide::wants_block(&pvc) && !guest.supports_block().await.map_err(ClaimError::Guest)? {
         let uid = pvc.metadata.uid.clone().unwrap_or_default();
@@ -636,6 +663,15 @@ async fn finish_deleted_claim(
     )
     .await;
     Ok(Done::Nothing)
+}
+
+/// A provisioner's standing for the pure decision.
+fn serving(plugins: &Plugins, provisioner: &str) -> decide::Serving {
+    match plugins.availability(provisioner) {
+        Availability::Served => decide::Serving::Yes,
+        Availability::Unavailable(_) => decide::Serving::Gone,
+        Availability::Unknown => decide::Serving::No,
+    }
 }
 
 fn provision_request(

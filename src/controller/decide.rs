@@ -77,11 +77,30 @@ pub fn has_finalizer(finalizers: &Option<Vec<String>>, finalizer: &str) -> bool 
     finalizers.iter().flatten().any(|f| f == finalizer)
 }
 
+/// Whether a provisioner name is served here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Serving {
+    /// A loaded guest serves it.
+    Yes,
+    /// Its guest served it earlier and is gone for now (unloaded or refused on reload).
+    Gone,
+    /// Not ours.
+    No,
+}
+
+impl From<bool> for Serving {
+    fn from(served: bool) -> Serving {
+        if served { Serving::Yes } else { Serving::No }
+    }
+}
+
 /// What to do with a claim, before any guest hook is asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimDecision<'a> {
     /// Not ours, already bound, or not ready: leave it alone.
     Skip(&'static str),
+    /// Ours, but its guest is gone for now: wait (with an event) until it is loaded again.
+    GuestGone(&'a str),
     /// Ours, but its class is not (yet) known: retry with backoff and say so.
     ClassMissing(&'a str),
     /// Ours and ready: provision with this class.
@@ -96,9 +115,9 @@ pub enum ClaimDecision<'a> {
 /// Should this claim be provisioned? The library's `shouldProvision`, minus the guest hook.
 /// `served` says whether a provisioner name has a loaded guest; `class` is the cached class the
 /// claim names ([`claim_class`]), if it exists.
-pub fn should_provision<'a>(
+pub fn should_provision<'a, S: Into<Serving>>(
     pvc: &'a PersistentVolumeClaim,
-    served: impl Fn(&str) -> bool,
+    served: impl Fn(&str) -> S,
     class: Option<&StorageClass>,
 ) -> ClaimDecision<'a> {
     if pvc.metadata.deletion_timestamp.is_some() {
@@ -115,8 +134,10 @@ pub fn should_provision<'a>(
     let Some(provisioner) = claim_provisioner(pvc) else {
         return ClaimDecision::Skip("no storage-provisioner annotation");
     };
-    if !served(provisioner) {
-        return ClaimDecision::Skip("provisioner not served here");
+    match served(provisioner).into() {
+        Serving::Yes => {}
+        Serving::Gone => return ClaimDecision::GuestGone(provisioner),
+        Serving::No => return ClaimDecision::Skip("provisioner not served here"),
     }
     let Some(class_name) = claim_class(pvc) else {
         return ClaimDecision::Skip("claim names no class");
@@ -274,6 +295,32 @@ mod tests {
                 .find(|c| c.metadata.name.as_deref() == Some(n))
         });
         should_provision(pvc, |p| p == P, class)
+    }
+
+    #[test]
+    fn claims_of_a_gone_guest_wait_and_unknown_provisioners_are_skipped() {
+        let classes = [class("fast", P, false)];
+        let pvc = claim("a").provisioner(P).class("fast").0;
+        let class = Some(&classes[0]);
+        assert_eq!(
+            should_provision(&pvc, |_| Serving::Gone, class),
+            ClaimDecision::GuestGone(P)
+        );
+        assert_eq!(
+            should_provision(&pvc, |_| Serving::No, class),
+            ClaimDecision::Skip("provisioner not served here")
+        );
+        // A bound or deleted claim never waits for anything.
+        let bound = claim("b").provisioner(P).class("fast").bound_to("pv").0;
+        assert!(matches!(
+            should_provision(&bound, |_| Serving::Gone, class),
+            ClaimDecision::Skip(_)
+        ));
+        let deleting = claim("c").provisioner(P).class("fast").deleting().0;
+        assert!(matches!(
+            should_provision(&deleting, |_| Serving::Gone, class),
+            ClaimDecision::Skip(_)
+        ));
     }
 
     #[test]

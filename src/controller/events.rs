@@ -29,6 +29,8 @@ pub const VOLUME_DELETED: &str = "VolumeDeleted";
 pub const GIVEN_UP: &str = "ProvisioningGivenUp";
 /// Warning: the volume's deletion was given up.
 pub const DELETE_GIVEN_UP: &str = "DeletionGivenUp";
+/// Warning: the claim's guest is not loaded now (unloaded or refused on reload); it waits.
+pub const WAITING_FOR_GUEST: &str = "WaitingForGuest";
 /// Normal: the claim was deleted while provisioning and its storage was cleaned up.
 pub const PROVISIONING_ABANDONED: &str = "ProvisioningAbandoned";
 /// Normal, on the Lease: a replica became leader or stopped leading (client-go's reason).
@@ -176,9 +178,11 @@ pub async fn publish(
         }
     });
 }
+
+/// Cuts `s` to at most `max` bytes (the API server counts bytes), ellipsis included.
 fn truncate(mut s: String, max: usize) -> String {
     if s.len() > max {
-        let mut cut = max;
+        let mut cut = max - '…'.len_utf8();
         while !s.is_char_boundary(cut) {
             cut -= 1;
         }
@@ -186,4 +190,16 @@ fn truncate(mut s: String, max: usize) -> String {
         s.push('…');
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_are_cut_to_the_byte_limit_with_the_ellipsis_inside_it() {
+        let cut = truncate("é".repeat(700), 1024);
+        assert!(cut.len() <= 1024 && cut.ends_with('…'), "{}", cut.len());
+        assert_eq!(truncate("short".into(), 1024), "short");
+    }
 }

@@ -182,18 +182,23 @@ pub async fn run(
     settings: Settings,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
-    run_with_metrics(client, plugins, settings, Metrics::new(), shutdown).await
+    let (_fixed, plugins) = tokio::sync::watch::channel(plugins);
+    run_watching(client, plugins, settings, Metrics::new(), shutdown).await
 }
 
-/// [`run`], recording into `metrics` and marking it ready once every cache has synced.
-pub async fn run_with_metrics(
+/// [`run`] with live plugins and metrics: every set sent on `plugins` replaces the current one
+/// (calls in flight finish on the guest they started with) and re-runs every claim and volume,
+/// so claims that waited for a returning guest go ahead; `metrics` is marked ready once every
+/// cache has synced.
+pub async fn run_watching(
     client: Client,
-    plugins: Arc<Plugins>,
+    mut plugins: tokio::sync::watch::Receiver<Arc<Plugins>>,
     settings: Settings,
     metrics: Metrics,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
-    metrics.guests_loaded(plugins.len());
+    let initial = plugins.borrow_and_update().clone();
+    metrics.guests_loaded(initial.len());
     if settings.election.mode != gate::Mode::Off {
         settings.election.timing.validate()?;
     }
@@ -229,7 +234,7 @@ pub async fn run_with_metrics(
     let election = Arc::new(gate::Election::new(&client, &settings.election));
     let ctx = Arc::new(Context {
         client: client.clone(),
-        plugins: RwLock::new(plugins),
+        plugins: RwLock::new(initial),
         classes: classes.clone(),
         volumes,
         claims: claims.clone(),
@@ -273,13 +278,27 @@ pub async fn run_with_metrics(
         _ => futures::stream::pending().right_stream(),
     };
 
+    let (reloaded_tx, reloaded) = tokio::sync::watch::channel(0u64);
+    tokio::spawn({
+        let ctx = ctx.clone();
+        async move {
+            while plugins.changed().await.is_ok() {
+                let next = plugins.borrow_and_update().clone();
+                ctx.set_plugins(next);
+                reloaded_tx.send_modify(|generation| *generation += 1);
+            }
+        }
+    });
     let resync = settings.resync_period;
     let claim_run = claim_controller
         .watches(class_api, watcher::Config::default(), {
             let claims = claims.clone();
             move |class: StorageClass| claims::claims_of_class(&claims, &class)
         })
-        .reconcile_all_on(resync_ticks(resync))
+        .reconcile_all_on(futures::stream::select(
+            resync_ticks(resync),
+            reload_ticks(reloaded.clone()),
+        ))
         .reconcile_all_on(gained(&election))
         .graceful_shutdown_on(shutdown_signal(shutdown_rx.clone()))
         .run(claims::reconcile, claims::error_policy, ctx.clone())
@@ -294,7 +313,10 @@ pub async fn run_with_metrics(
             }
         });
     let volume_run = volume_controller
-        .reconcile_all_on(resync_ticks(resync))
+        .reconcile_all_on(futures::stream::select(
+            resync_ticks(resync),
+            reload_ticks(reloaded),
+        ))
         .reconcile_all_on(gained(&election))
         .graceful_shutdown_on(shutdown_signal(shutdown_rx.clone()))
         .run(volumes::reconcile, volumes::error_policy, ctx.clone())
@@ -397,6 +419,16 @@ async fn start_campaign(
     );
     leader::campaign(lock, gate, changed, recorder, stop).await;
     watch_task.abort();
+}
+
+/// One tick per plugins reload.
+fn reload_ticks(
+    reloaded: tokio::sync::watch::Receiver<u64>,
+) -> impl futures::Stream<Item = ()> + Send + 'static {
+    futures::stream::unfold(reloaded, |mut reloaded| async move {
+        reloaded.changed().await.ok()?;
+        Some(((), reloaded))
+    })
 }
 
 fn resync_ticks(period: Duration) -> impl futures::Stream<Item = ()> + Send + 'static {

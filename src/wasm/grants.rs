@@ -14,6 +14,14 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MEMORY_MIB: u64 = 64;
 /// Default number of concurrent calls into one guest.
 pub const DEFAULT_MAX_CONCURRENCY: usize = 4;
+/// Default cap on the elements of any one table (function references) per instance.
+pub const DEFAULT_TABLE_ELEMENTS: usize = 100_000;
+/// Default cap on the core instances, tables and memories one call may create.
+pub const DEFAULT_INSTANCES: usize = 32;
+/// Default bytes of stdout, and of stderr, kept per call (the rest is counted and dropped).
+pub const DEFAULT_OUTPUT_KIB: usize = 16;
+/// Default bytes of `host.log` text one call may emit (the rest is counted and dropped).
+pub const DEFAULT_LOG_KIB: usize = 64;
 
 /// Why a grant file was refused.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +112,14 @@ pub struct Limits {
     pub memory_mib: Option<u64>,
     /// Concurrent calls into this guest.
     pub max_concurrency: Option<usize>,
+    /// Elements of any one table.
+    pub table_elements: Option<usize>,
+    /// Core instances (and as many tables and memories) one call may create.
+    pub instances: Option<usize>,
+    /// KiB of stdout, and of stderr, kept per call.
+    pub output_kib: Option<usize>,
+    /// KiB of `host.log` text per call.
+    pub log_kib: Option<usize>,
 }
 
 /// What the PVs a guest builds may point at.
@@ -149,6 +165,14 @@ pub struct Grants {
     pub memory_bytes: usize,
     /// Concurrent calls.
     pub max_concurrency: usize,
+    /// Elements of any one table.
+    pub table_elements: usize,
+    /// Core instances, tables and memories per call.
+    pub instances: usize,
+    /// Bytes of stdout, and of stderr, kept per call.
+    pub output_bytes: usize,
+    /// Bytes of `host.log` text per call.
+    pub log_bytes: usize,
     /// Preopened directories, host paths absolute.
     pub dirs: Vec<DirGrant>,
     /// What built PVs may point at.
@@ -164,8 +188,13 @@ impl Grants {
             path: path.to_owned(),
             source,
         })?;
+        Grants::from_text(path, &text)
+    }
+
+    /// Validates the text of the grant file at `path` (already read).
+    pub fn from_text(path: &Path, text: &str) -> Result<Grants, GrantError> {
         let base = path.parent().unwrap_or(Path::new("."));
-        Grants::parse(&text, base).map_err(|e| match e {
+        Grants::parse(text, base).map_err(|e| match e {
             GrantError::Parse { source, .. } => GrantError::Parse {
                 path: path.to_owned(),
                 source,
@@ -195,6 +224,10 @@ impl Grants {
             call_timeout_ms: None,
             memory_mib: None,
             max_concurrency: None,
+            table_elements: None,
+            instances: None,
+            output_kib: None,
+            log_kib: None,
         });
         let call_timeout = limits
             .call_timeout_ms
@@ -213,6 +246,30 @@ impl Grants {
         if max_concurrency == 0 {
             return Err(invalid("limits.max-concurrency must be > 0".into()));
         }
+        let bounded = |key: &str, value: Option<usize>, default: usize, max: usize| {
+            let value = value.unwrap_or(default);
+            if value == 0 || value > max {
+                Err(invalid(format!(
+                    "limits.{key} must be between 1 and {max}, got {value}"
+                )))
+            } else {
+                Ok(value)
+            }
+        };
+        let table_elements = bounded(
+            "table-elements",
+            limits.table_elements,
+            DEFAULT_TABLE_ELEMENTS,
+            10_000_000,
+        )?;
+        let instances = bounded("instances", limits.instances, DEFAULT_INSTANCES, 1000)?;
+        let output_kib = bounded(
+            "output-kib",
+            limits.output_kib,
+            DEFAULT_OUTPUT_KIB,
+            16 * 1024,
+        )?;
+        let log_kib = bounded("log-kib", limits.log_kib, DEFAULT_LOG_KIB, 16 * 1024)?;
         let mut dirs = Vec::with_capacity(file.dirs.len());
         for dir in file.dirs {
             if !dir.guest.starts_with('/') {
@@ -244,6 +301,10 @@ impl Grants {
             call_timeout,
             memory_bytes: (memory_mib * 1024 * 1024) as usize,
             max_concurrency,
+            table_elements,
+            instances,
+            output_bytes: output_kib * 1024,
+            log_bytes: log_kib * 1024,
             dirs,
             volumes: file.volumes,
             config_json,
@@ -274,6 +335,10 @@ provisioner = "example.com/hostpath"
 call-timeout-ms = 1500
 memory-mib = 32
 max-concurrency = 2
+table-elements = 5000
+instances = 8
+output-kib = 4
+log-kib = 8
 [[dirs]]
 host = "data"
 guest = "/volumes"
@@ -293,6 +358,8 @@ nested = { a = 1 }
         assert_eq!(g.call_timeout, Duration::from_millis(1500));
         assert_eq!(g.memory_bytes, 32 * 1024 * 1024);
         assert_eq!(g.max_concurrency, 2);
+        assert_eq!((g.table_elements, g.instances), (5000, 8));
+        assert_eq!((g.output_bytes, g.log_bytes), (4096, 8192));
         assert_eq!(g.dirs[0].host, PathBuf::from("/etc/plugins/data"));
         assert_eq!(g.dirs[0].access, DirAccess::ReadWrite);
         assert!(g.volumes.kinds.contains(&SourceKind::HostPath));
@@ -304,6 +371,10 @@ nested = { a = 1 }
     fn minimal_grant_gets_defaults_and_denies_everything() {
         let g = Grants::parse("provisioner = \"x/y\"", Path::new("/")).unwrap();
         assert_eq!(g.call_timeout, DEFAULT_CALL_TIMEOUT);
+        assert_eq!(g.table_elements, DEFAULT_TABLE_ELEMENTS);
+        assert_eq!(g.instances, DEFAULT_INSTANCES);
+        assert_eq!(g.output_bytes, DEFAULT_OUTPUT_KIB * 1024);
+        assert_eq!(g.log_bytes, DEFAULT_LOG_KIB * 1024);
         assert!(g.dirs.is_empty());
         assert!(g.volumes.kinds.is_empty());
         assert_eq!(g.config_json, "{}");
@@ -314,6 +385,12 @@ nested = { a = 1 }
     fn unknown_keys_and_bad_values_are_refused() {
         let err = Grants::parse("provisioner = \"x\"\nnetwork = true", Path::new("/")).unwrap_err();
         assert!(err.to_string().contains("network"), "{err}");
+        let err = Grants::parse(
+            "provisioner = \"x\"\n[limits]\noutput-kib = 0",
+            Path::new("/"),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("output-kib"), "{err}");
         let err = Grants::parse("provisioner = \"\"", Path::new("/")).unwrap_err();
         assert!(err.to_string().contains("provisioner"), "{err}");
         let err = Grants::parse(

@@ -16,26 +16,34 @@ use super::bindings::{host, types, volume_builder};
 use super::grants::Grants;
 use super::spec::VolumeSpecBuilder;
 
-/// Bytes of log text one call may emit through `host.log`; the rest is dropped and counted.
-pub const LOG_BYTES_PER_CALL: usize = 64 * 1024;
+/// What each `host.log` message costs on top of its text, so a flood of empty messages runs out
+/// of budget too (one line of output is never free).
+pub const LOG_MESSAGE_OVERHEAD: usize = 64;
 /// Volume-spec resources one call may create (each is host memory the guest does not pay for).
 pub const SPECS_PER_CALL: usize = 16;
 
-/// Caps linear memory, tables and instances of one store, and remembers whether a cap was hit
-/// so a failed call can be reported as "memory limit" rather than a generic trap.
+/// Caps linear memory, tables and instances of one store (from the guest's grants), and
+/// remembers which cap was hit so a failed call is reported as a limit, not a generic trap.
 #[derive(Debug)]
 pub struct CallLimiter {
     memory_bytes: usize,
+    table_elements: usize,
+    instances: usize,
     /// Set when the guest tried to grow memory past its cap.
     pub memory_hit: bool,
+    /// Set when the guest tried to grow a table past its cap.
+    pub table_hit: bool,
 }
 
 impl CallLimiter {
-    /// A limiter with the given per-memory cap.
-    pub fn new(memory_bytes: usize) -> Self {
+    /// A limiter with the caps of `grants`.
+    pub fn new(grants: &Grants) -> Self {
         CallLimiter {
-            memory_bytes,
+            memory_bytes: grants.memory_bytes,
+            table_elements: grants.table_elements,
+            instances: grants.instances,
             memory_hit: false,
+            table_hit: false,
         }
     }
 }
@@ -60,20 +68,25 @@ impl ResourceLimiter for CallLimiter {
         desired: usize,
         _maximum: Option<usize>,
     ) -> WasmResult<bool> {
-        Ok(desired <= 100_000)
+        if desired > self.table_elements {
+            self.table_hit = true;
+            return Ok(false);
+        }
+        Ok(true)
     }
 
     fn instances(&self) -> usize {
-        64
+        self.instances
     }
 
     fn tables(&self) -> usize {
-        64
+        self.instances
     }
 
     fn memories(&self) -> usize {
-        // A composed component may carry a few memories; each is capped on its own.
-        4
+        // A composed component may carry several memories; each is capped on its own, so their
+        // number is capped too.
+        self.instances
     }
 }
 
@@ -94,14 +107,15 @@ pub struct GuestState {
 impl GuestState {
     /// State for one call of `guest` under `grants`, with a prepared WASI context.
     pub fn new(guest: Arc<str>, grants: Arc<Grants>, wasi: WasiCtx) -> Self {
-        let limiter = CallLimiter::new(grants.memory_bytes);
+        let limiter = CallLimiter::new(&grants);
+        let log_bytes_left = grants.log_bytes;
         GuestState {
             guest,
             grants,
             wasi,
             table: ResourceTable::new(),
             limiter,
-            log_bytes_left: LOG_BYTES_PER_CALL,
+            log_bytes_left,
             logs_dropped: 0,
             specs_created: 0,
         }
@@ -122,6 +136,22 @@ impl GuestState {
 
     fn spec(&mut self, spec: &Resource<VolumeSpecBuilder>) -> WasmResult<&mut VolumeSpecBuilder> {
         Ok(self.table.get_mut(spec)?)
+    }
+
+    /// Applies one checked setter; a refusal is also noted on the spec, so a guest that ignores
+    /// it cannot get the rest of the volume through.
+    fn set(
+        &mut self,
+        spec: &Resource<VolumeSpecBuilder>,
+        f: impl FnOnce(&mut VolumeSpecBuilder, &Grants) -> Result<(), SpecError>,
+    ) -> SpecResult {
+        self.with_spec(spec, |b, g| {
+            let result = f(b, g);
+            if let Err(error) = &result {
+                b.note_refusal(error);
+            }
+            result
+        })
     }
 
     /// Applies one setter to a spec, with the grants at hand.
@@ -149,7 +179,8 @@ impl types::Host for GuestState {}
 
 impl host::Host for GuestState {
     fn log(&mut self, level: LogLevel, message: String, fields: Vec<Pair>) -> WasmResult<()> {
-        let size = message.len()
+        let size = LOG_MESSAGE_OVERHEAD
+            + message.len()
             + fields
                 .iter()
                 .map(|p| p.key.len() + p.value.len())
@@ -157,7 +188,7 @@ impl host::Host for GuestState {
         if size > self.log_bytes_left {
             self.logs_dropped += 1;
             if self.logs_dropped == 1 {
-                tracing::warn!(guest = %self.guest, "guest log budget of {LOG_BYTES_PER_CALL} bytes per call exhausted; dropping further messages");
+                tracing::warn!(guest = %self.guest, budget = self.grants.log_bytes, "guest log budget per call exhausted; dropping further messages");
             }
             return Ok(());
         }
@@ -198,11 +229,11 @@ impl volume_builder::HostVolumeSpec for GuestState {
     }
 
     fn capacity(&mut self, spec: Spec, bytes: u64) -> SpecResult {
-        self.with_spec(&spec, |b, _| b.capacity(bytes))
+        self.set(&spec, |b, _| b.capacity(bytes))
     }
 
     fn access_modes(&mut self, spec: Spec, modes: Vec<AccessMode>) -> SpecResult {
-        self.with_spec(&spec, |b, _| b.access_modes(modes))
+        self.set(&spec, |b, _| b.access_modes(modes))
     }
 
     fn volume_mode(&mut self, spec: Spec, mode: VolumeMode) -> WasmResult<()> {
@@ -214,31 +245,31 @@ impl volume_builder::HostVolumeSpec for GuestState {
     }
 
     fn mount_options(&mut self, spec: Spec, options: Vec<String>) -> SpecResult {
-        self.with_spec(&spec, |b, _| b.mount_options(options))
+        self.set(&spec, |b, _| b.mount_options(options))
     }
 
     fn node_affinity(&mut self, spec: Spec, terms: Vec<NodeSelectorTerm>) -> SpecResult {
-        self.with_spec(&spec, |b, _| b.node_affinity(terms))
+        self.set(&spec, |b, _| b.node_affinity(terms))
     }
 
     fn label(&mut self, spec: Spec, key: String, value: String) -> SpecResult {
-        self.with_spec(&spec, |b, _| b.label(key, value))
+        self.set(&spec, |b, _| b.label(key, value))
     }
 
     fn annotation(&mut self, spec: Spec, key: String, value: String) -> SpecResult {
-        self.with_spec(&spec, |b, _| b.annotation(key, value))
+        self.set(&spec, |b, _| b.annotation(key, value))
     }
 
     fn host_path(&mut self, spec: Spec, path: String, kind: HostPathType) -> SpecResult {
-        self.with_spec(&spec, |b, g| b.host_path(g, path, kind))
+        self.set(&spec, |b, g| b.host_path(g, path, kind))
     }
 
     fn local(&mut self, spec: Spec, path: String, fs_type: Option<String>) -> SpecResult {
-        self.with_spec(&spec, |b, g| b.local(g, path, fs_type))
+        self.set(&spec, |b, g| b.local(g, path, fs_type))
     }
 
     fn nfs(&mut self, spec: Spec, server: String, path: String, read_only: bool) -> SpecResult {
-        self.with_spec(&spec, |b, g| b.nfs(g, server, path, read_only))
+        self.set(&spec, |b, g| b.nfs(g, server, path, read_only))
     }
 
     fn csi(
@@ -257,7 +288,7 @@ impl volume_builder::HostVolumeSpec for GuestState {
             read_only,
             attributes,
         };
-        self.with_spec(&spec, |b, g| b.csi(g, source))
+        self.set(&spec, |b, g| b.csi(g, source))
     }
 
     fn drop(&mut self, spec: Spec) -> WasmResult<()> {
@@ -301,6 +332,18 @@ mod tests {
             )
             .unwrap();
         assert!(r.is_ok());
+        // The guest went on after the refusal: the host rejects the spec as a whole.
+        let err = s.take_spec(spec).unwrap().finish(s.grants()).unwrap_err();
+        assert!(matches!(err, SpecError::Invalid(m) if m.contains("refused")));
+        let spec = HostVolumeSpec::new(&mut s).unwrap();
+        let r = s
+            .host_path(
+                Resource::new_borrow(spec.rep()),
+                "/srv/a".into(),
+                HostPathType::Unset,
+            )
+            .unwrap();
+        assert!(r.is_ok());
         let built = s.take_spec(spec).unwrap().finish(s.grants()).unwrap();
         assert!(built.capacity.is_none());
     }
@@ -318,18 +361,33 @@ mod tests {
     fn config_and_log_budget() {
         let mut s = state();
         assert_eq!(host::Host::config(&mut s).unwrap(), r#"{"k":"v"}"#);
-        let big = "x".repeat(LOG_BYTES_PER_CALL / 2 + 1);
+        let big = "x".repeat(s.grants.log_bytes / 2);
         host::Host::log(&mut s, LogLevel::Info, big.clone(), vec![]).unwrap();
         host::Host::log(&mut s, LogLevel::Info, big, vec![]).unwrap();
         assert_eq!(s.logs_dropped, 1);
+        // Empty messages are not free: a flood of them runs out of budget as well.
+        let mut s = state();
+        for _ in 0..100_000 {
+            host::Host::log(&mut s, LogLevel::Info, String::new(), vec![]).unwrap();
+        }
+        let kept = s.grants.log_bytes / LOG_MESSAGE_OVERHEAD;
+        assert_eq!(s.logs_dropped, 100_000 - kept as u64);
     }
 
     #[test]
-    fn memory_cap_is_recorded() {
-        let mut l = CallLimiter::new(1 << 20);
-        assert!(l.memory_growing(0, 1 << 19, None).unwrap());
+    fn memory_and_table_caps_come_from_the_grants_and_are_recorded() {
+        let s = state();
+        let mut l = CallLimiter::new(&s.grants);
+        let cap = s.grants.memory_bytes;
+        assert!(l.memory_growing(0, cap / 2, None).unwrap());
         assert!(!l.memory_hit);
-        assert!(!l.memory_growing(0, 2 << 20, None).unwrap());
+        assert!(!l.memory_growing(0, cap + 1, None).unwrap());
         assert!(l.memory_hit);
+        let elements = s.grants.table_elements;
+        assert!(l.table_growing(0, elements, None).unwrap());
+        assert!(!l.table_growing(0, elements + 1, None).unwrap());
+        assert!(l.table_hit);
+        assert_eq!(l.instances(), s.grants.instances);
+        assert_eq!(l.memories(), s.grants.instances);
     }
 }

@@ -1,18 +1,21 @@
 //! The WebAssembly host: contract bindings, grants, the per-call sandbox and the plugins directory.
 
 pub mod bindings;
+pub mod cache;
 pub mod contract;
 pub mod convert;
 pub mod grants;
 pub mod host;
+pub mod output;
 pub mod plugins;
+pub mod reload;
 pub mod runtime;
 pub mod spec;
 
 pub use bindings::types::{ProvisionError, SpecError};
 pub use grants::Grants;
-pub use plugins::{Plugins, load_dir};
-pub use runtime::{CallError, FaultKind, Guest, LoadError, WasmEngine};
+pub use plugins::{Availability, Plugins, load_dir};
+pub use runtime::{CallError, EngineOptions, FaultKind, Guest, LoadError, Pooling, WasmEngine};
 
 /// One line describing a refused volume-spec value.
 pub fn describe_spec_error(error: &SpecError) -> String {

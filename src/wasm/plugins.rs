@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::grants::Grants;
+use super::reload::Loader;
 use super::runtime::{Guest, WasmEngine};
 
 /// A file in the plugins directory that was not loaded, and why.
@@ -34,15 +34,42 @@ pub struct PluginDirError {
     source: std::io::Error,
 }
 
+/// Whether a provisioner name has a guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Availability<'a> {
+    /// A loaded guest serves it.
+    Served,
+    /// A guest served it earlier in this process and is gone (unloaded or refused): its claims
+    /// wait for it to return. The text says why.
+    Unavailable(&'a str),
+    /// No guest here ever served it: not ours.
+    Unknown,
+}
+
 /// The loaded guests, by the provisioner name each serves.
 #[derive(Default, Clone)]
 pub struct Plugins {
     guests: BTreeMap<String, Arc<Guest>>,
     /// Files that were skipped, with reasons.
     pub problems: Vec<PluginProblem>,
+    unavailable: BTreeMap<String, String>,
 }
 
 impl Plugins {
+    /// A set of guests, the problems found while loading them, and provisioner names that were
+    /// served earlier but are not now (with why).
+    pub fn new(
+        guests: BTreeMap<String, Arc<Guest>>,
+        problems: Vec<PluginProblem>,
+        unavailable: BTreeMap<String, String>,
+    ) -> Plugins {
+        Plugins {
+            guests,
+            problems,
+            unavailable,
+        }
+    }
+
     /// The guest serving a StorageClass `provisioner` value.
     pub fn for_provisioner(&self, provisioner: &str) -> Option<&Arc<Guest>> {
         self.guests.get(provisioner)
@@ -51,6 +78,17 @@ impl Plugins {
     /// Whether a provisioner name is served.
     pub fn serves(&self, provisioner: &str) -> bool {
         self.guests.contains_key(provisioner)
+    }
+
+    /// Served, gone for now, or never ours.
+    pub fn availability(&self, provisioner: &str) -> Availability<'_> {
+        if self.guests.contains_key(provisioner) {
+            Availability::Served
+        } else if let Some(why) = self.unavailable.get(provisioner) {
+            Availability::Unavailable(why)
+        } else {
+            Availability::Unknown
+        }
     }
 
     /// Every served provisioner name with its guest.
@@ -69,108 +107,61 @@ impl Plugins {
     }
 }
 
-/// Loads every guest in `dir`. Compiles, so call it off the async hot path.
-pub fn load_dir(engine: &WasmEngine, dir: &Path) -> Result<Plugins, PluginDirError> {
+/// The candidate files of a plugins directory.
+pub(crate) struct Listing {
+    /// `*.wasm`, sorted.
+    pub wasm_files: Vec<PathBuf>,
+    /// Grant files without a module, and precompiled artifacts: reported, never loaded.
+    pub problems: Vec<PluginProblem>,
+}
+
+/// Lists a plugins directory. Entries are followed through symlinks (ConfigMap volumes are
+/// symlinks into `..data`); hidden entries such as `..data` itself are not candidates.
+pub(crate) fn list_dir(dir: &Path) -> Result<Listing, PluginDirError> {
     let read_err = |source| PluginDirError {
         dir: dir.to_owned(),
         source,
     };
     let mut wasm_files = Vec::new();
+    let mut problems = Vec::new();
     let mut grant_files = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(read_err)? {
         let path = entry.map_err(read_err)?.path();
+        let hidden = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_none_or(|n| n.starts_with('.'));
+        if hidden {
+            continue;
+        }
         match path.extension().and_then(|e| e.to_str()) {
             Some("wasm") => wasm_files.push(path),
             Some("toml") => grant_files.push(path),
-            Some("cwasm") => {
-                // Precompiled artifacts are native code; never load them from here.
-            }
+            Some("cwasm") => problems.push(PluginProblem {
+                file: path,
+                reason: "precompiled wasmtime artifacts are never loaded from the plugins directory (loading one runs unverified native code); ship the .wasm component".into(),
+            }),
             _ => {}
         }
     }
     wasm_files.sort();
-    let mut plugins = Plugins::default();
-    let mut loaded: Vec<(String, PathBuf, Arc<Guest>)> = Vec::new();
-    for wasm in &wasm_files {
-        let grant_path = wasm.with_extension("toml");
-        let name = wasm
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or("guest")
-            .to_string();
-        if !grant_path.exists() {
-            plugins.problems.push(PluginProblem {
-                file: wasm.clone(),
-                reason: format!(
-                    "no grant file {}; a guest without grants is not loaded",
-                    grant_path.display()
-                ),
-            });
-            continue;
-        }
-        let grants = match Grants::from_file(&grant_path) {
-            Ok(g) => g,
-            Err(e) => {
-                plugins.problems.push(PluginProblem {
-                    file: grant_path.clone(),
-                    reason: e.to_string(),
-                });
-                continue;
-            }
-        };
-        match engine.load(&name, wasm, grants) {
-            Ok(guest) => loaded.push((name, wasm.clone(), Arc::new(guest))),
-            Err(e) => plugins.problems.push(PluginProblem {
-                file: wasm.clone(),
-                reason: e.to_string(),
-            }),
-        }
-    }
-    for grant in &grant_files {
+    grant_files.sort();
+    for grant in grant_files {
         if !grant.with_extension("wasm").exists() {
-            plugins.problems.push(PluginProblem {
-                file: grant.clone(),
+            problems.push(PluginProblem {
+                file: grant,
                 reason: "grant file without a module next to it".into(),
             });
         }
     }
-    let mut by_provisioner: BTreeMap<String, Vec<(PathBuf, Arc<Guest>)>> = BTreeMap::new();
-    for (_, path, guest) in loaded {
-        by_provisioner
-            .entry(guest.grants().provisioner.clone())
-            .or_default()
-            .push((path, guest));
-    }
-    for (provisioner, mut claimants) in by_provisioner {
-        if claimants.len() == 1 {
-            let (_, guest) = claimants.pop().expect("one claimant");
-            plugins.guests.insert(provisioner, guest);
-        } else {
-            let names: Vec<String> = claimants
-                .iter()
-                .map(|(p, _)| p.display().to_string())
-                .collect();
-            for (path, _) in &claimants {
-                plugins.problems.push(PluginProblem {
-                    file: path.clone(),
-                    reason: format!(
-                        "provisioner {provisioner:?} is claimed by more than one guest ({}); none of them serves it",
-                        names.join(", ")
-                    ),
-                });
-            }
-        }
-    }
-    for problem in &plugins.problems {
-        tracing::error!(file = %problem.file.display(), "plugin not loaded: {}", problem.reason);
-    }
-    for (provisioner, guest) in &plugins.guests {
-        tracing::info!(
-            guest = guest.name(),
-            provisioner,
-            sha256 = guest.sha256(),
-            "plugin loaded"
-        );
-    }
-    Ok(plugins)
+    Ok(Listing {
+        wasm_files,
+        problems,
+    })
+}
+
+/// Loads every guest in `dir` once. Compiles, so call it off the async hot path.
+pub fn load_dir(engine: &WasmEngine, dir: &Path) -> Result<Plugins, PluginDirError> {
+    let mut loader = Loader::new(engine.clone(), dir.to_owned());
+    Ok(loader.scan()?.plugins)
 }

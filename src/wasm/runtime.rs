@@ -6,31 +6,36 @@
 //! [`CallError::Fault`], distinct from the typed errors the guest returns on purpose.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime::component::{Component, InstancePre, Linker};
-use wasmtime::{Config, Engine, Store, Trap, UpdateDeadline};
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap,
+    UpdateDeadline,
+};
 use wasmtime_wasi::{FsPerms, WasiCtx};
 
 use super::bindings::types::{
     Claim, DeleteRequest, ProvisionError, ProvisionRequest, StorageClass, Volume,
 };
 use super::bindings::{ProvisionerFull, block_support, deletion_guard, lifecycle, qualifier};
+use super::cache::{CacheError, ModuleCache};
 use super::contract::{ContractError, ContractInfo, Hook};
 use super::grants::{DirAccess, Grants};
 use super::host::GuestState;
+use super::output::BoundedOutput;
 use super::spec::BuiltVolume;
 use crate::metrics::Metrics;
 
 /// How often the epoch ticks; deadlines are checked against the wall clock on each tick.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
-/// Bytes of stdout and of stderr kept per call.
-pub const CAPTURED_OUTPUT_BYTES: usize = 16 * 1024;
+/// Concurrent instances the pooling allocator is sized for (all guests together); calls beyond
+/// it wait for a slot rather than fail to instantiate.
+pub const POOL_INSTANCES: u32 = 128;
 /// Extra time the async timeout allows over the epoch deadline before dropping the call.
 const ASYNC_TIMEOUT_MARGIN: Duration = Duration::from_millis(500);
 
@@ -80,6 +85,9 @@ pub enum LoadError {
     /// The engine could not be created.
     #[error("cannot create the wasm engine: {0}")]
     Engine(String),
+    /// The module cache directory cannot be used.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
 }
 
 /// A fault: the guest did not return normally.
@@ -154,23 +162,92 @@ fn describe_guest_error(error: &ProvisionError) -> String {
     }
 }
 
+/// Whether instances come from a preallocated pool (fast, bounded) or are allocated per call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Pooling {
+    /// Use the pool when the machine can reserve its address space, else allocate on demand.
+    #[default]
+    Auto,
+    /// Require the pool; fail to start without it.
+    On,
+    /// Allocate on demand.
+    Off,
+}
+
+/// How the engine is built.
+#[derive(Debug, Clone, Default)]
+pub struct EngineOptions {
+    /// Instance allocation strategy.
+    pub pooling: Pooling,
+    /// Directory of the compiled-module cache; none disables it.
+    pub module_cache: Option<PathBuf>,
+}
+
 /// One engine and linker for all guests, with the epoch ticker that drives deadlines.
 #[derive(Clone)]
 pub struct WasmEngine {
     engine: Engine,
     linker: Arc<Linker<GuestState>>,
     metrics: Option<Metrics>,
+    /// Instance slots when pooling: every call holds one, so the pool is never exhausted.
+    pool_slots: Option<Arc<Semaphore>>,
+    cache: Option<Arc<ModuleCache>>,
+}
+
+fn base_config() -> Config {
+    let mut config = Config::new();
+    config.epoch_interruption(true);
+    config.wasm_component_model(true);
+    // Guests recursing without bound hit this, not the host's stack.
+    config.max_wasm_stack(1 << 20);
+    config
+}
+
+/// The pool: memories up to the largest grant (4 GiB; each guest's own cap is enforced by its
+/// limiter), room for [`POOL_INSTANCES`] component instances, pages returned to the OS on reuse.
+fn pooling_config() -> Config {
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_component_instances(POOL_INSTANCES)
+        .total_core_instances(POOL_INSTANCES * 8)
+        .total_memories(POOL_INSTANCES * 2)
+        .total_tables(POOL_INSTANCES * 8)
+        .total_stacks(POOL_INSTANCES)
+        .max_memory_size(4 << 30)
+        .table_elements(super::grants::DEFAULT_TABLE_ELEMENTS)
+        .linear_memory_keep_resident(0)
+        .table_keep_resident(0);
+    let mut config = base_config();
+    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    config
 }
 
 impl WasmEngine {
-    /// Creates the engine, the linker (WASI p2 plus the provisioner host API) and the ticker.
+    /// Creates the engine with default options (pooling when possible, no module cache).
     pub fn new() -> Result<WasmEngine, LoadError> {
-        let mut config = Config::new();
-        config.epoch_interruption(true);
-        config.wasm_component_model(true);
-        // Guests recursing without bound hit this, not the host's stack.
-        config.max_wasm_stack(1 << 20);
-        let engine = Engine::new(&config).map_err(|e| LoadError::Engine(e.to_string()))?;
+        WasmEngine::with_options(&EngineOptions::default())
+    }
+
+    /// Creates the engine, the linker (WASI p2 plus the provisioner host API) and the ticker.
+    pub fn with_options(options: &EngineOptions) -> Result<WasmEngine, LoadError> {
+        let engine_err = |e: wasmtime::Error| LoadError::Engine(format!("{e:#}"));
+        // Creating a pooling engine reserves the pool's address space, so it is its own probe:
+        // on machines with a small address space (or a ulimit) it fails and we fall back.
+        let (engine, pooled) = match options.pooling {
+            Pooling::Off => (Engine::new(&base_config()).map_err(engine_err)?, false),
+            Pooling::On => (Engine::new(&pooling_config()).map_err(engine_err)?, true),
+            Pooling::Auto => match Engine::new(&pooling_config()) {
+                Ok(engine) => (engine, true),
+                Err(error) => {
+                    tracing::info!(error = %format!("{error:#}"), "pooling allocator unavailable; allocating instances on demand");
+                    (Engine::new(&base_config()).map_err(engine_err)?, false)
+                }
+            },
+        };
+        let cache = options
+            .module_cache
+            .as_deref()
+            .map(|dir| ModuleCache::open(dir, &engine).map(Arc::new))
+            .transpose()?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| LoadError::Engine(e.to_string()))?;
@@ -191,7 +268,19 @@ impl WasmEngine {
             engine,
             linker: Arc::new(linker),
             metrics: None,
+            pool_slots: pooled.then(|| Arc::new(Semaphore::new(POOL_INSTANCES as usize))),
+            cache,
         })
+    }
+
+    /// Whether instances come from the pooling allocator.
+    pub fn pooling(&self) -> bool {
+        self.pool_slots.is_some()
+    }
+
+    /// The compiled-module cache, when one is configured.
+    pub fn module_cache(&self) -> Option<&ModuleCache> {
+        self.cache.as_deref()
     }
 
     /// Guests loaded from now on record their calls in `metrics`.
@@ -207,26 +296,56 @@ impl WasmEngine {
 
     /// Compiles a component file without linking it (for `inspect`).
     pub fn compile(&self, path: &Path) -> Result<(Component, String), LoadError> {
-        let display = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
-            path: display.clone(),
-            source,
-        })?;
-        if Engine::detect_precompiled(&bytes).is_some() {
-            return Err(LoadError::Precompiled { path: display });
+        let bytes = read_module(path)?;
+        self.compile_bytes(&path.display().to_string(), &bytes)
+    }
+
+    /// Compiles component bytes read from `display`, through the module cache when there is one.
+    /// Precompiled artifacts are refused: from a plugins directory they would be native code.
+    pub fn compile_bytes(
+        &self,
+        display: &str,
+        bytes: &[u8],
+    ) -> Result<(Component, String), LoadError> {
+        if Engine::detect_precompiled(bytes).is_some() {
+            return Err(LoadError::Precompiled {
+                path: display.to_string(),
+            });
         }
-        let sha256 = hex::encode(Sha256::digest(&bytes));
-        let component = Component::new(&self.engine, &bytes).map_err(|e| LoadError::Compile {
-            path: display,
+        let sha256 = hex::encode(Sha256::digest(bytes));
+        if let Some(component) = self
+            .cache
+            .as_ref()
+            .and_then(|c| c.get(&self.engine, &sha256))
+        {
+            return Ok((component, sha256));
+        }
+        let component = Component::new(&self.engine, bytes).map_err(|e| LoadError::Compile {
+            path: display.to_string(),
             message: format!("{e:#}"),
         })?;
+        if let Some(cache) = &self.cache {
+            cache.put(&sha256, &component);
+        }
         Ok((component, sha256))
     }
 
     /// Compiles, checks the contract and links a guest, ready to be called.
     pub fn load(&self, name: &str, path: &Path, grants: Grants) -> Result<Guest, LoadError> {
-        let display = path.display().to_string();
-        let (component, sha256) = self.compile(path)?;
+        let bytes = read_module(path)?;
+        self.load_bytes(name, &path.display().to_string(), &bytes, grants)
+    }
+
+    /// [`WasmEngine::load`] for bytes already read from `display`.
+    pub fn load_bytes(
+        &self,
+        name: &str,
+        display: &str,
+        bytes: &[u8],
+        grants: Grants,
+    ) -> Result<Guest, LoadError> {
+        let display = display.to_string();
+        let (component, sha256) = self.compile_bytes(&display, bytes)?;
         let contract = ContractInfo::of(&self.engine, &component);
         contract.check().map_err(|source| LoadError::Contract {
             path: display.clone(),
@@ -258,6 +377,7 @@ impl WasmEngine {
             .map_err(link_err)?;
         Ok(Guest {
             name: name.into(),
+            pool_slots: self.pool_slots.clone(),
             semaphore: Arc::new(Semaphore::new(grants.max_concurrency)),
             grants: Arc::new(grants),
             sha256,
@@ -272,6 +392,13 @@ impl WasmEngine {
     }
 }
 
+fn read_module(path: &Path) -> Result<Vec<u8>, LoadError> {
+    std::fs::read(path).map_err(|source| LoadError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
 /// A compiled, linked guest with its grants. Cheap to share; every call is independent.
 pub struct Guest {
     name: Arc<str>,
@@ -279,6 +406,7 @@ pub struct Guest {
     sha256: String,
     contract: ContractInfo,
     semaphore: Arc<Semaphore>,
+    pool_slots: Option<Arc<Semaphore>>,
     pre: InstancePre<GuestState>,
     lifecycle: lifecycle::GuestIndices,
     qualifier: Option<qualifier::GuestIndices>,
@@ -289,8 +417,8 @@ pub struct Guest {
 
 /// Captured guest output of one call.
 struct Output {
-    stdout: MemoryOutputPipe,
-    stderr: MemoryOutputPipe,
+    stdout: BoundedOutput,
+    stderr: BoundedOutput,
 }
 
 impl Guest {
@@ -314,9 +442,15 @@ impl Guest {
         &self.contract
     }
 
+    /// Whether every concurrency slot is taken: a caller that should not wait in line (a
+    /// reconcile worker shared with other guests) can come back later instead.
+    pub fn at_capacity(&self) -> bool {
+        self.semaphore.available_permits() == 0
+    }
+
     fn new_store(&self, deadline: Instant) -> Result<(Store<GuestState>, Output), CallError> {
-        let stdout = MemoryOutputPipe::new(CAPTURED_OUTPUT_BYTES);
-        let stderr = MemoryOutputPipe::new(CAPTURED_OUTPUT_BYTES);
+        let stdout = BoundedOutput::new(self.grants.output_bytes);
+        let stderr = BoundedOutput::new(self.grants.output_bytes);
         let mut wasi = WasiCtx::builder();
         wasi.stdout(stdout.clone()).stderr(stderr.clone());
         for dir in &self.grants.dirs {
@@ -363,12 +497,23 @@ impl Guest {
             .acquire()
             .await
             .expect("guest semaphore is never closed");
+        let pool_slot = match &self.pool_slots {
+            Some(slots) => Some(
+                slots
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("pool semaphore is never closed"),
+            ),
+            None => None,
+        };
         let timeout = self.grants.call_timeout;
         let (store, output) = self.new_store(Instant::now() + timeout)?;
         Ok(CallScope {
             guest: self,
             started: Instant::now(),
             _permit: permit,
+            _pool_slot: pool_slot,
             store,
             output,
             timeout,
@@ -383,11 +528,12 @@ impl Guest {
         output: &Output,
         timeout: Duration,
     ) -> CallError {
-        let stderr = String::from_utf8_lossy(&output.stderr.contents()).into_owned();
+        let stderr = output.stderr.contents().text;
         let trap = error.downcast_ref::<Trap>().copied();
+        let limiter = &store.data().limiter;
         let kind = if trap == Some(Trap::Interrupt) {
             FaultKind::Deadline
-        } else if store.data().limiter.memory_hit {
+        } else if limiter.memory_hit || limiter.table_hit {
             FaultKind::Memory
         } else if stderr.contains("panicked at") {
             FaultKind::Panic
@@ -400,11 +546,23 @@ impl Guest {
         };
         let mut message = match kind {
             FaultKind::Deadline => format!("{operation} exceeded its deadline of {timeout:?}"),
+            FaultKind::Memory if limiter.table_hit && !limiter.memory_hit => format!(
+                "{operation} exceeded its table cap of {} elements",
+                self.grants.table_elements
+            ),
             FaultKind::Memory => format!(
                 "{operation} exceeded its memory cap of {} MiB",
                 self.grants.memory_bytes / (1024 * 1024)
             ),
-            _ => format!("{operation}: {error:#}"),
+            // The trap (or the host's refusal) says what happened; the wasm backtrace is for
+            // the debug log, not for a Kubernetes event.
+            _ => {
+                tracing::debug!(guest = %self.name, operation, error = %format!("{error:?}"), "guest fault");
+                match trap {
+                    Some(trap) => format!("{operation}: {trap}"),
+                    None => format!("{operation}: {}", error.root_cause()),
+                }
+            }
         };
         let stderr = stderr.trim();
         if !stderr.is_empty() {
@@ -421,16 +579,19 @@ impl Guest {
         self.fault(kind, message)
     }
 
-    fn log_output(&self, operation: &str, output: &Output) {
+    fn log_output(&self, operation: &str, output: &Output, store: &Store<GuestState>) {
         for (stream, pipe) in [("stdout", &output.stdout), ("stderr", &output.stderr)] {
-            let bytes = pipe.contents();
-            if bytes.is_empty() {
-                continue;
-            }
-            let text = String::from_utf8_lossy(&bytes);
-            for line in text.lines().take(200) {
+            let contents = pipe.contents();
+            for line in contents.text.lines().take(200) {
                 tracing::info!(target: "guest", guest = %self.name, operation, stream, "{line}");
             }
+            if contents.dropped > 0 {
+                tracing::warn!(guest = %self.name, operation, stream, dropped_bytes = contents.dropped, kept_bytes = self.grants.output_bytes, "guest output over its bound; the middle was dropped");
+            }
+        }
+        let dropped = store.data().logs_dropped;
+        if dropped > 0 {
+            tracing::warn!(guest = %self.name, operation, dropped_messages = dropped, budget_bytes = self.grants.log_bytes, "guest log messages over the per-call budget were dropped");
         }
     }
 
@@ -535,6 +696,7 @@ struct CallScope<'g> {
     guest: &'g Guest,
     started: Instant,
     _permit: tokio::sync::SemaphorePermit<'g>,
+    _pool_slot: Option<OwnedSemaphorePermit>,
     store: Store<GuestState>,
     output: Output,
     timeout: Duration,
@@ -549,7 +711,7 @@ impl CallScope<'_> {
         outcome: Result<wasmtime::Result<R>, tokio::time::error::Elapsed>,
     ) -> Result<R, CallError> {
         let guest = self.guest;
-        guest.log_output(operation, &self.output);
+        guest.log_output(operation, &self.output, &self.store);
         let result = self.classify_outcome(operation, outcome);
         if let Some(metrics) = &guest.metrics {
             let (label, fault) = match &result {

@@ -39,6 +39,10 @@ pub struct VolumeSpecBuilder {
     labels: BTreeMap<String, String>,
     annotations: BTreeMap<String, String>,
     source: Option<VolumeSource>,
+    /// Setter calls the host refused, and the first refusal: a spec returned after a refusal is
+    /// not what the guest meant to build, so it is rejected as a whole.
+    refusals: usize,
+    first_refusal: Option<String>,
 }
 
 /// A finished, validated volume description. Fields the guest left unset are `None`; the
@@ -181,8 +185,24 @@ impl VolumeSpecBuilder {
         Ok(())
     }
 
+    /// Records that a setter call was refused (the guest may ignore the refusal; the host won't).
+    pub fn note_refusal(&mut self, error: &SpecError) {
+        self.refusals += 1;
+        if self.first_refusal.is_none() {
+            let mut message = super::describe_spec_error(error);
+            message.truncate(512);
+            self.first_refusal = Some(message);
+        }
+    }
+
     /// Validates the whole spec against `grants` (which may have changed since the setters ran).
     pub fn finish(self, grants: &Grants) -> Result<BuiltVolume, SpecError> {
+        if let Some(first) = self.first_refusal {
+            return Err(invalid(format!(
+                "the guest returned the volume although {} of its values were refused; first: {first}",
+                self.refusals
+            )));
+        }
         let source = self.source.ok_or_else(|| {
             invalid("the volume has no source: call host-path, local, nfs or csi")
         })?;
@@ -556,6 +576,23 @@ nfs-servers = ["nfs.local"]"#,
             b.annotation("example.com/big".into(), huge),
             Err(SpecError::Invalid(_))
         ));
+    }
+
+    #[test]
+    fn a_spec_returned_after_a_refusal_is_rejected() {
+        let mut b = VolumeSpecBuilder::default();
+        b.host_path(&grants(), "/srv/vol/a".into(), HostPathType::Unset)
+            .unwrap();
+        let refused = b.capacity(u64::MAX).unwrap_err();
+        b.note_refusal(&refused);
+        let err = b.finish(&grants()).unwrap_err();
+        let SpecError::Invalid(message) = err else {
+            panic!("{err:?}")
+        };
+        assert!(
+            message.contains("1 of its values were refused") && message.contains("capacity"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -1,0 +1,505 @@
+//! Untrusted guests in-process: every attack of `guests/attack` against the real host, a
+//! well-behaved guest measured before, during and after; the compiled-module cache cold and
+//! warm; hot reload through the loader and through real file-system events.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use wasm_provisioner::wasm::reload::{self, Loader, WatchOptions};
+use wasm_provisioner::wasm::{
+    Availability, CallError, EngineOptions, FaultKind, Guest, Plugins, Pooling, WasmEngine,
+    load_dir,
+};
+
+const ATTACK: &str = "test.wasm-provisioner.dev/attack";
+const GOOD: &str = "test.wasm-provisioner.dev/good";
+
+/// Resident memory of this process, in MiB.
+fn rss_mib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        / 1024
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples.get(samples.len() / 2).copied().unwrap_or_default()
+}
+
+/// What an attack must end in.
+#[derive(Debug, Clone, Copy)]
+enum Expect {
+    Fault(FaultKind),
+    Rejected(&'static str),
+    Serves,
+}
+
+fn check(attack: &str, expect: Expect, outcome: &Result<impl std::fmt::Debug, CallError>) {
+    match (expect, outcome) {
+        (
+            Expect::Fault(kind),
+            Err(
+                error @ CallError::Fault {
+                    kind: got, guest, ..
+                },
+            ),
+        ) => {
+            assert_eq!(*got, kind, "{attack}: {error}");
+            assert_eq!(guest, "attack", "{attack}: the error names the guest");
+            assert!(
+                error.to_string().contains(kind.as_str()),
+                "{attack}: the message names the kind: {error}"
+            );
+        }
+        (Expect::Rejected(why), Err(error @ CallError::Rejected { message, .. })) => {
+            assert!(message.contains(why), "{attack}: {error}");
+            assert!(error.to_string().contains("guest attack"), "{error}");
+        }
+        (Expect::Serves, Ok(_)) => {}
+        (expect, outcome) => panic!("{attack}: expected {expect:?}, got {outcome:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_attack_is_contained_and_the_other_guest_keeps_serving() {
+    let root = tempfile::tempdir().unwrap();
+    let attack_dir = root.path().join("attack");
+    let good_dir = root.path().join("good");
+    std::fs::create_dir_all(&attack_dir).unwrap();
+    std::fs::create_dir_all(&good_dir).unwrap();
+    let plugins = PluginsDir::new();
+    plugins.add(
+        "attack",
+        "attack",
+        &dir_grant(ATTACK, &attack_dir, "/state", "").replace(
+            "call-timeout-ms = 5000",
+            "call-timeout-ms = 1500\nmemory-mib = 32",
+        ),
+    );
+    plugins.add(
+        "good",
+        "hostpath",
+        &dir_grant(GOOD, &good_dir, "/volumes", ""),
+    );
+    let engine = WasmEngine::new().unwrap();
+    println!("pooling allocator: {}", engine.pooling());
+    let loaded = load_dir(&engine, plugins.path()).unwrap();
+    assert!(loaded.problems.is_empty(), "{:?}", loaded.problems);
+    let attacker = loaded.for_provisioner(ATTACK).unwrap().clone();
+    let good = loaded.for_provisioner(GOOD).unwrap().clone();
+    let attack_config = attacker.grants().config_json.clone();
+    let good_config = good.grants().config_json.clone();
+
+    // The well-behaved guest provisions continuously; each sample is tagged with the phase.
+    let phase = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let samples: Arc<Mutex<Vec<(usize, Duration)>>> = Arc::default();
+    let worker = tokio::spawn({
+        let (good, phase, stop, samples) =
+            (good.clone(), phase.clone(), stop.clone(), samples.clone());
+        async move {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let req = request(claim(&format!("g{n}")), class(GOOD, &[]), &good_config);
+                let started = Instant::now();
+                good.provision(&req)
+                    .await
+                    .expect("the good guest keeps serving");
+                let p = phase.load(Ordering::Relaxed);
+                samples.lock().unwrap().push((p, started.elapsed()));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_before = rss_mib();
+    phase.store(1, Ordering::Relaxed);
+
+    let cases: &[(&str, Expect)] = &[
+        ("spin", Expect::Fault(FaultKind::Deadline)),
+        ("host-loop", Expect::Fault(FaultKind::Deadline)),
+        ("host-block", Expect::Fault(FaultKind::Deadline)),
+        ("memory-bomb", Expect::Fault(FaultKind::Memory)),
+        ("stack-overflow", Expect::Fault(FaultKind::StackOverflow)),
+        ("shadow-stack-overflow", Expect::Fault(FaultKind::Trap)),
+        ("panic", Expect::Fault(FaultKind::Panic)),
+        ("unreachable", Expect::Fault(FaultKind::Trap)),
+        ("log-flood", Expect::Serves),
+        ("stdout-flood", Expect::Serves),
+        ("host-owned-keys", Expect::Rejected("refused")),
+        ("huge-capacity", Expect::Rejected("capacity")),
+        ("negative-capacity", Expect::Rejected("capacity")),
+        ("huge-annotations", Expect::Rejected("refused")),
+        ("invalid-labels", Expect::Rejected("refused")),
+    ];
+    for (attack, expect) in cases {
+        let req = request(
+            claim(attack),
+            class(ATTACK, &[("attack", attack)]),
+            &attack_config,
+        );
+        let started = Instant::now();
+        let outcome = attacker.provision(&req).await;
+        println!(
+            "{attack:>18}: {:>6} ms  {}",
+            started.elapsed().as_millis(),
+            match &outcome {
+                Ok(_) => "served".to_string(),
+                Err(e) => e.to_string().chars().take(150).collect(),
+            }
+        );
+        check(attack, *expect, &outcome);
+    }
+    // Slow only sometimes: the first attempt misses the deadline, the retry succeeds.
+    let slow = request(
+        claim("slow"),
+        class(ATTACK, &[("attack", "slow-sometimes"), ("slowMs", "5000")]),
+        &attack_config,
+    );
+    check(
+        "slow-sometimes #1",
+        Expect::Fault(FaultKind::Deadline),
+        &attacker.provision(&slow).await,
+    );
+    check(
+        "slow-sometimes #2",
+        Expect::Serves,
+        &attacker.provision(&slow).await,
+    );
+    // Path escapes are the escape guest's job (tests/guests.rs); here: nothing was written
+    // next to the granted directories.
+    let mut outside: Vec<String> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    outside.sort();
+    assert_eq!(
+        outside,
+        ["attack", "good"],
+        "nothing created outside the grants"
+    );
+
+    phase.store(2, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    worker.await.unwrap();
+    let rss_after = rss_mib();
+
+    let samples = samples.lock().unwrap().clone();
+    let by_phase = |p| -> Vec<Duration> {
+        samples
+            .iter()
+            .filter(|(q, _)| *q == p)
+            .map(|(_, d)| *d)
+            .collect()
+    };
+    let (before, during, after) = (by_phase(0), by_phase(1), by_phase(2));
+    println!(
+        "good guest provision latency, median (calls): before {:?} ({}), during attacks {:?} ({}), after {:?} ({})",
+        median(before.clone()),
+        before.len(),
+        median(during.clone()),
+        during.len(),
+        median(after.clone()),
+        after.len()
+    );
+    println!("resident memory: {rss_before} MiB before the attacks, {rss_after} MiB after");
+    assert!(
+        !during.is_empty() && !after.is_empty(),
+        "the good guest served during and after"
+    );
+    // Loose bound: a 32 MiB memory bomb, 64 MiB floods and a 10 MB annotation leave nothing
+    // behind once their stores are gone.
+    assert!(
+        rss_after < rss_before + 64,
+        "memory returned near baseline: {rss_before} MiB -> {rss_after} MiB"
+    );
+}
+
+#[test]
+fn the_module_cache_makes_warm_starts_fast_and_never_fails() {
+    let storage = tempfile::tempdir().unwrap();
+    let plugins = PluginsDir::new();
+    for (name, crate_name) in [
+        ("hostpath", "hostpath"),
+        ("scripted", "scripted"),
+        ("attack", "attack"),
+        ("escape", "escape"),
+    ] {
+        let provisioner = format!("test.wasm-provisioner.dev/{name}");
+        plugins.add(
+            name,
+            crate_name,
+            &dir_grant(&provisioner, storage.path(), "/state", ""),
+        );
+    }
+    let cache_dir = tempfile::tempdir().unwrap();
+    let options = EngineOptions {
+        pooling: Pooling::Auto,
+        module_cache: Some(cache_dir.path().to_owned()),
+    };
+    let start = |label: &str| {
+        let started = Instant::now();
+        let engine = WasmEngine::with_options(&options).unwrap();
+        let loaded = load_dir(&engine, plugins.path()).unwrap();
+        let took = started.elapsed();
+        assert_eq!(loaded.len(), 4, "{:?}", loaded.problems);
+        let stats = &engine.module_cache().unwrap().stats;
+        let counts = (
+            stats.hits.load(Ordering::Relaxed),
+            stats.misses.load(Ordering::Relaxed),
+            stats.stale.load(Ordering::Relaxed),
+        );
+        println!(
+            "{label}: 4 guests ready in {} ms (cache hits, misses, stale: {counts:?})",
+            took.as_millis()
+        );
+        counts
+    };
+    assert_eq!(start("cold start"), (0, 4, 0));
+    assert_eq!(start("warm start"), (4, 0, 0));
+    // Corrupt one entry and truncate another: both are misses that recompile, never failures.
+    let mut entries: Vec<_> = std::fs::read_dir(cache_dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    let mut bytes = std::fs::read(&entries[0]).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&entries[0], bytes).unwrap();
+    std::fs::write(&entries[1], b"short").unwrap();
+    assert_eq!(start("after corrupting two entries"), (2, 0, 2));
+    assert_eq!(start("healed"), (4, 0, 0));
+}
+
+#[test]
+fn precompiled_artifacts_in_the_plugins_directory_are_refused() {
+    let plugins = PluginsDir::new();
+    let engine = WasmEngine::new().unwrap();
+    let native = engine
+        .engine()
+        .precompile_component(&std::fs::read(guest_wasm("hostpath")).unwrap())
+        .unwrap();
+    std::fs::write(plugins.path().join("native.cwasm"), &native).unwrap();
+    std::fs::write(plugins.path().join("disguised.wasm"), &native).unwrap();
+    std::fs::write(
+        plugins.path().join("disguised.toml"),
+        "provisioner = \"x/y\"",
+    )
+    .unwrap();
+    let loaded = load_dir(&engine, plugins.path()).unwrap();
+    assert!(loaded.is_empty());
+    for file in ["native.cwasm", "disguised.wasm"] {
+        let problem = loaded
+            .problems
+            .iter()
+            .find(|p| p.file.ends_with(file))
+            .unwrap_or_else(|| panic!("{file} reported: {:?}", loaded.problems));
+        assert!(problem.reason.contains("precompiled"), "{problem}");
+    }
+    // The cache may not share the plugins directory.
+    let options = EngineOptions {
+        pooling: Pooling::Off,
+        module_cache: Some(plugins.path().join("cache")),
+    };
+    let engine = WasmEngine::with_options(&options).unwrap();
+    let err = engine
+        .module_cache()
+        .unwrap()
+        .check_separate_from(plugins.path())
+        .unwrap_err();
+    assert!(err.to_string().contains("overlaps"), "{err}");
+}
+
+fn sha_of(plugins: &Plugins, provisioner: &str) -> String {
+    plugins
+        .for_provisioner(provisioner)
+        .unwrap()
+        .sha256()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_validates_before_swapping_and_in_flight_calls_finish_on_their_version() {
+    const LIVE: &str = "test.wasm-provisioner.dev/live";
+    let storage = tempfile::tempdir().unwrap();
+    let plugins = PluginsDir::new();
+    let grant = dir_grant(LIVE, storage.path(), "/state", "");
+    plugins.add("live", "scripted", &grant);
+    let mut loader = Loader::new(WasmEngine::new().unwrap(), plugins.path().to_owned());
+    let stats = loader.stats();
+    let first = loader.scan().unwrap();
+    assert!(first.changed);
+    let v1 = first.plugins.for_provisioner(LIVE).unwrap().clone();
+    assert!(
+        !loader.scan().unwrap().changed,
+        "nothing changed, nothing reloaded"
+    );
+
+    // A slow call starts on version 1.
+    let config = v1.grants().config_json.clone();
+    let slow = tokio::spawn({
+        let v1 = v1.clone();
+        let req = request(claim("slow"), class(LIVE, &[("delayMs", "1500")]), &config);
+        async move { v1.provision(&req).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // A broken new version is refused; version 1 keeps serving.
+    std::fs::write(plugins.path().join("live.wasm"), b"\0asm broken").unwrap();
+    let broken = loader.scan().unwrap();
+    assert_eq!(sha_of(&broken.plugins, LIVE), v1.sha256());
+    let problem = &broken.plugins.problems[0];
+    assert!(
+        problem
+            .reason
+            .contains("still serving the previous version"),
+        "{problem}"
+    );
+
+    // A good new version replaces it.
+    plugins.add("live", "hostpath", &grant);
+    let swapped = loader.scan().unwrap();
+    assert!(swapped.changed && swapped.plugins.problems.is_empty());
+    assert_ne!(sha_of(&swapped.plugins, LIVE), v1.sha256());
+    slow.await
+        .unwrap()
+        .expect("the call in flight finished on the version it started with");
+
+    // Removed: unloaded, its provisioner remembered as gone; back: served again.
+    std::fs::remove_file(plugins.path().join("live.wasm")).unwrap();
+    let gone = loader.scan().unwrap();
+    assert!(matches!(
+        gone.plugins.availability(LIVE),
+        Availability::Unavailable(_)
+    ));
+    assert!(matches!(
+        gone.plugins.availability("x/never"),
+        Availability::Unknown
+    ));
+    plugins.add("live", "scripted", &grant);
+    let back = loader.scan().unwrap();
+    assert_eq!(back.plugins.availability(LIVE), Availability::Served);
+    let counts = stats.counts();
+    println!("{counts:?}");
+    assert_eq!(
+        (
+            counts.loads,
+            counts.reloads,
+            counts.rejections,
+            counts.unloads
+        ),
+        (2, 1, 1, 1)
+    );
+
+    // A twin claiming a served provisioner does not take it over.
+    plugins.add("twin", "hostpath", &grant);
+    let twin = loader.scan().unwrap();
+    assert_eq!(twin.plugins.availability(LIVE), Availability::Served);
+    assert_eq!(twin.plugins.for_provisioner(LIVE).unwrap().name(), "live");
+    assert!(
+        twin.plugins
+            .problems
+            .iter()
+            .any(|p| p.reason.contains("already served by live.wasm"))
+    );
+}
+
+/// Waits up to 20 s for the watcher to publish a set of plugins that satisfies `check`.
+fn wait_for_plugins(
+    latest: &Mutex<Option<Arc<Plugins>>>,
+    what: &str,
+    check: impl Fn(&Plugins) -> bool,
+) -> Arc<Plugins> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(p) = latest.lock().unwrap().clone().filter(|p| check(p)) {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "watcher never published: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn copy_in(dir: &Path, name: &str, crate_name: &str, grant: &str) {
+    std::fs::copy(guest_wasm(crate_name), dir.join(format!("{name}.wasm"))).unwrap();
+    std::fs::write(dir.join(format!("{name}.toml")), grant).unwrap();
+}
+
+#[test]
+fn the_watcher_follows_copies_partial_writes_and_configmap_symlink_swaps() {
+    const W: &str = "test.wasm-provisioner.dev/watched";
+    const CM: &str = "test.wasm-provisioner.dev/configmap";
+    let storage = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let loader = Loader::new(WasmEngine::new().unwrap(), dir.path().to_owned());
+    let stats = loader.stats();
+    let latest: Arc<Mutex<Option<Arc<Plugins>>>> = Arc::default();
+    let options = WatchOptions {
+        // Only events drive this test: the safety-net rescan is out of the way.
+        rescan: Duration::from_secs(3600),
+        debounce: Duration::from_millis(500),
+    };
+    let _watcher = reload::watch(loader, options, {
+        let latest = latest.clone();
+        move |p| *latest.lock().unwrap() = Some(p)
+    })
+    .unwrap();
+
+    // A module copied in slowly, in two halves: the debounce waits for it to settle.
+    let grant = dir_grant(W, storage.path(), "/state", "");
+    std::fs::write(dir.path().join("w.toml"), &grant).unwrap();
+    let bytes = std::fs::read(guest_wasm("hostpath")).unwrap();
+    let (a, b) = bytes.split_at(bytes.len() / 2);
+    std::fs::write(dir.path().join("w.wasm"), a).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.path().join("w.wasm"))
+        .unwrap();
+    std::io::Write::write_all(&mut file, b).unwrap();
+    drop(file);
+    wait_for_plugins(&latest, "w loaded", |p| p.serves(W));
+    assert_eq!(
+        stats.counts().rejections,
+        0,
+        "the half-written module was never tried"
+    );
+
+    // A ConfigMap volume: files are symlinks into `..data`, which is swapped atomically.
+    let cm_grant = dir_grant(CM, storage.path(), "/state", "");
+    let publish = |version: &str, crate_name: &str| {
+        let data = dir.path().join(version);
+        std::fs::create_dir(&data).unwrap();
+        copy_in(&data, "cm", crate_name, &cm_grant);
+        let tmp = dir.path().join("..data_tmp");
+        std::os::unix::fs::symlink(version, &tmp).unwrap();
+        std::fs::rename(&tmp, dir.path().join("..data")).unwrap();
+    };
+    publish("..2026_01", "hostpath");
+    for file in ["cm.wasm", "cm.toml"] {
+        std::os::unix::fs::symlink(format!("..data/{file}"), dir.path().join(file)).unwrap();
+    }
+    let v1 = wait_for_plugins(&latest, "cm loaded", |p| p.serves(CM));
+    let v1_sha = v1.for_provisioner(CM).unwrap().sha256().to_string();
+    publish("..2026_02", "scripted");
+    wait_for_plugins(&latest, "cm swapped", |p| {
+        p.for_provisioner(CM)
+            .is_some_and(|g: &Arc<Guest>| g.sha256() != v1_sha)
+    });
+    std::fs::remove_file(dir.path().join("w.wasm")).unwrap();
+    let gone = wait_for_plugins(&latest, "w unloaded", |p| !p.serves(W));
+    assert!(matches!(gone.availability(W), Availability::Unavailable(_)));
+    println!("{:?}", stats.counts());
+}
