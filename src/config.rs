@@ -103,7 +103,7 @@ pub struct RunArgs {
     pub add_pv_finalizer: bool,
     /// Put `wasm-provisioner.dev/provisioning` on a claim before calling its guest, so a claim
     /// deleted mid-provision or a crash cannot leak storage. Costs two API writes per claim.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub claim_finalizer: bool,
     /// How long in-flight work may take to finish after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
@@ -112,7 +112,7 @@ pub struct RunArgs {
     #[arg(long, env = "POD_NAME")]
     pub instance_name: Option<String>,
     /// Elect a leader among replicas (`--leader-election=false` for a single replica).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub leader_election: bool,
     /// `leader`: one replica works, the others stand by; `per-claim`: all work, one lease per claim/volume.
     #[arg(long, value_enum, default_value_t = ElectionMode::Leader)]
@@ -346,6 +346,28 @@ impl RunArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn boolean_flags_take_a_bare_form_and_a_value() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["wasm-provisioner", "run", "--plugins", "/p"];
+            argv.extend_from_slice(extra);
+            let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
+                panic!("run")
+            };
+            (args.leader_election, args.claim_finalizer)
+        };
+        assert_eq!(parse(&[]), (true, true));
+        assert_eq!(
+            parse(&["--leader-election", "--claim-finalizer"]),
+            (true, true)
+        );
+        assert_eq!(
+            parse(&["--leader-election=false", "--claim-finalizer=false"]),
+            (false, false)
+        );
+        assert_eq!(parse(&["--leader-election", "false"]), (false, true));
+    }
 
     #[test]
     fn durations_parse() {

@@ -75,6 +75,12 @@ struct FaultLabels {
     kind: String,
 }
 
+/// `event`: load, reload, rejection or unload of a plugin.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginEventLabels {
+    event: &'static str,
+}
+
 /// `name`: the lease (component-base's label).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LeaderLabels {
@@ -128,6 +134,8 @@ struct Inner {
     guest_faults: Family<FaultLabels, Counter>,
     /// Keys with a retry scheduled, per queue: the part of the queue we can observe.
     waiting: Mutex<[HashSet<String>; 2]>,
+    plugin_events: Family<PluginEventLabels, Counter>,
+    plugin_counts_seen: Mutex<[u64; 4]>,
     ready: AtomicBool,
 }
 
@@ -240,6 +248,7 @@ impl Metrics {
                 guest_histogram,
             );
         let guest_faults = Family::<FaultLabels, Counter>::default();
+        let plugin_events = Family::<PluginEventLabels, Counter>::default();
         {
             let own = registry.sub_registry_with_prefix("wasm_provisioner");
             own.register(
@@ -268,6 +277,11 @@ impl Metrics {
                 guest_call_duration.clone(),
             );
             own.register(
+                "plugin_events",
+                "Plugins directory changes: guests loaded, reloaded (new version), rejected, unloaded.",
+                plugin_events.clone(),
+            );
+            own.register(
                 "guest_faults",
                 "Guest calls that trapped, ran out of time or memory, by fault kind.",
                 guest_faults.clone(),
@@ -294,6 +308,8 @@ impl Metrics {
                 guest_call_duration,
                 guest_faults,
                 waiting: Mutex::new([HashSet::new(), HashSet::new()]),
+                plugin_events,
+                plugin_counts_seen: Mutex::new([0; 4]),
                 ready: AtomicBool::new(false),
             }),
         }
@@ -400,6 +416,29 @@ impl Metrics {
             .leader
             .get_or_create(&LeaderLabels { name: lease.into() })
             .set(i64::from(leading));
+    }
+
+    /// The plugins loader's running totals (loads, reloads, rejections, unloads); counters
+    /// advance by what changed since the last call.
+    pub fn plugin_counts(&self, totals: [u64; 4]) {
+        let mut seen = self
+            .inner
+            .plugin_counts_seen
+            .lock()
+            .expect("plugin counts lock");
+        for (i, event) in ["load", "reload", "rejection", "unload"]
+            .into_iter()
+            .enumerate()
+        {
+            let delta = totals[i].saturating_sub(seen[i]);
+            if delta > 0 {
+                self.inner
+                    .plugin_events
+                    .get_or_create(&PluginEventLabels { event })
+                    .inc_by(delta);
+            }
+            seen[i] = seen[i].max(totals[i]);
+        }
     }
 
     /// How many guests serve now (set on load and reload).

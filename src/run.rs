@@ -54,8 +54,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     if plugins.is_empty() {
         tracing::warn!(dir = %args.plugins.display(), "no guest loaded yet; the directory is watched");
     }
+    let stats = loader.stats();
+    let plugin_totals = move || {
+        let c = stats.counts();
+        [c.loads, c.reloads, c.rejections, c.unloads]
+    };
+    metrics.plugin_counts(plugin_totals());
     let (plugins_tx, plugins_rx) = tokio::sync::watch::channel(Arc::new(plugins));
+    let reload_metrics = metrics.clone();
     let _watcher = reload::watch(loader, args.watch_options(), move |plugins| {
+        reload_metrics.plugin_counts(plugin_totals());
         let _ = plugins_tx.send(plugins);
     })
     .context("cannot start watching the plugins directory")?;

@@ -60,6 +60,20 @@ struct World {
 }
 
 impl World {
+    /// The last lines of every replica's log whose lines mention leases, for failure messages.
+    fn replica_log_tails(&self) -> String {
+        self.replicas
+            .iter()
+            .filter_map(|r| r.process.as_ref().map(|p| (r, p)))
+            .map(|(r, p)| {
+                let log = p.log();
+                let lines: Vec<&str> = log.lines().filter(|l| l.contains("lease")).collect();
+                let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+                format!("\n--- {} ---\n{tail}", r.name)
+            })
+            .collect()
+    }
+
     async fn new(shared: Arc<Shared>, name: &str, replicas: usize) -> anyhow::Result<World> {
         let admin = ControlPlane::client_for(&shared.admin).await?;
         let ns = format!("ha-{name}");
@@ -558,7 +572,8 @@ async fn per_claim_mode_three_replicas_200_claims_spread_exactly_once(
             Ok((left == 0).then_some(()))
         },
     )
-    .await?;
+    .await
+    .with_context(|| format!("replica logs: {}", w.replica_log_tails()))?;
     Ok(())
 }
 

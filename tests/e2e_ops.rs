@@ -283,8 +283,11 @@ impl Cycle {
             .args(["--instance-name", tag])
             .env("RUST_LOG", "info,wasm_provisioner=debug");
         if has_leader_election() {
+            // Per-claim mode uses every lease verb (get, create, update, delete), so each
+            // minus-one variant of the leases Role shows up in this cycle.
             cmd.args([
-                "--leader-election",
+                "--leader-election=true",
+                "--leader-election-mode=per-claim",
                 "--leader-election-namespace",
                 LEASE_NAMESPACE,
                 "--leader-election-lease-name",
@@ -690,7 +693,7 @@ async fn leader_election_hands_over_with_deploy_rbac(cp: Arc<ControlPlane>) -> a
             "le-2",
         ])
         .args([
-            "--leader-election",
+            "--leader-election=true",
             "--leader-election-namespace",
             LEASE_NAMESPACE,
         ])

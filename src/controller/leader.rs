@@ -366,26 +366,35 @@ impl LeaseLock {
 
     /// Deletes a lease we hold (per-object locks), only the version we wrote.
     pub async fn delete(&mut self) -> Result<(), kube::Error> {
-        let Some(lease) = self.current.take() else {
+        let Some(mut lease) = self.current.take() else {
             return Ok(());
         };
-        if Record::of(&lease).holder.as_deref() != Some(self.identity.as_str()) {
-            return Ok(());
-        }
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: lease.metadata.uid.clone(),
-                resource_version: lease.metadata.resource_version.clone(),
-            }),
-            ..DeleteParams::default()
-        };
-        match self.api.delete(&self.name, &params).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => {
-                Ok(())
+        // A renew aborted in flight may have landed after all (the response was dropped), so a
+        // conflict means "re-read and try again while it is still ours", not "someone else's".
+        for _ in 0..3 {
+            if Record::of(&lease).holder.as_deref() != Some(self.identity.as_str()) {
+                return Ok(());
             }
-            Err(error) => Err(error),
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: lease.metadata.uid.clone(),
+                    resource_version: lease.metadata.resource_version.clone(),
+                }),
+                ..DeleteParams::default()
+            };
+            match self.api.delete(&self.name, &params).await {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(()),
+                Err(kube::Error::Api(status)) if status.is_conflict() => {
+                    match self.api.get_opt(&self.name).await? {
+                        Some(fresh) if fresh.metadata.uid == lease.metadata.uid => lease = fresh,
+                        _ => return Ok(()),
+                    }
+                }
+                Err(error) => return Err(error),
+            }
         }
+        Ok(())
     }
 
     fn reference(&self) -> Option<ObjectReference> {

@@ -261,6 +261,18 @@ pub async fn run_watching(
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
+    // leader_election_master_status follows the gate (polled: cheap, and never misses a flip).
+    tokio::spawn({
+        let (election, metrics) = (election.clone(), metrics.clone());
+        let lease = settings.election.lease_name.clone();
+        async move {
+            loop {
+                metrics.leader(&lease, election.is_leader());
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    });
+
     // Leader mode: every replica watches and reconciles; the campaign opens the gate for one.
     let (stop_campaign, campaign_stopped) = tokio::sync::watch::channel(false);
     let campaign = match &*election {
