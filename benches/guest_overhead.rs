@@ -13,6 +13,7 @@ use wasm_provisioner::wasm::bindings::types::{
     AccessMode, HostPathType, NodeSelectorOperator, NodeSelectorRequirement, NodeSelectorTerm,
     ProvisionRequest, ReclaimPolicy,
 };
+use wasm_provisioner::wasm::runtime::{EngineOptions, Pooling};
 use wasm_provisioner::wasm::spec::{BuiltVolume, VolumeSpecBuilder};
 use wasm_provisioner::wasm::{Grants, WasmEngine, load_dir};
 
@@ -76,10 +77,21 @@ fn main() {
         &common::dir_grant(PROVISIONER, storage.path(), "/volumes", ""),
     );
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let engine = WasmEngine::new().unwrap();
-    let loaded = load_dir(&engine, plugins.path()).unwrap();
-    let guest = loaded.for_provisioner(PROVISIONER).unwrap().clone();
-    let grants = guest.grants().clone();
+    let mut guests = Vec::new();
+    for pooling in [Pooling::Off, Pooling::On] {
+        let engine = WasmEngine::with_options(&EngineOptions {
+            pooling,
+            module_cache: None,
+        })
+        .expect("engine");
+        let loaded = load_dir(&engine, plugins.path()).unwrap();
+        guests.push((
+            pooling,
+            engine.pooling(),
+            loaded.for_provisioner(PROVISIONER).unwrap().clone(),
+        ));
+    }
+    let grants = guests[0].2.grants().clone();
 
     let mut claim = common::claim("bench");
     claim.access_modes = vec![AccessMode::ReadWriteOnce];
@@ -87,34 +99,44 @@ fn main() {
     request.selected_node = Some("node-1".into());
     request.storage_class.reclaim_policy = ReclaimPolicy::Delete;
 
-    // Warm up both paths (first directory creation, caches, lazy init).
+    // Warm up every path (first directory creation, caches, lazy init).
     for _ in 0..50 {
-        runtime.block_on(guest.provision(&request)).unwrap();
+        for (_, _, guest) in &guests {
+            runtime.block_on(guest.provision(&request)).unwrap();
+        }
         native_provision(&request, &grants, storage.path());
     }
-    let mut wasm = Vec::with_capacity(iterations);
+    let mut wasm: Vec<Vec<Duration>> = vec![Vec::with_capacity(iterations); guests.len()];
     let mut native = Vec::with_capacity(iterations);
     for _ in 0..iterations {
-        // Interleave so both see the same machine noise.
-        let t = Instant::now();
-        let built = runtime.block_on(guest.provision(&request)).unwrap();
-        wasm.push(t.elapsed());
-        std::hint::black_box(built);
+        // Interleave so every path sees the same machine noise.
+        for (i, (_, _, guest)) in guests.iter().enumerate() {
+            let t = Instant::now();
+            let built = runtime.block_on(guest.provision(&request)).unwrap();
+            wasm[i].push(t.elapsed());
+            std::hint::black_box(built);
+        }
         let t = Instant::now();
         let built = native_provision(&request, &grants, storage.path());
         native.push(t.elapsed());
         std::hint::black_box(built);
     }
-    let (wasm_median, wasm_p99) = summarize(wasm);
     let (native_median, native_p99) = summarize(native);
-    println!("guest overhead: hostpath provision, {iterations} calls each, interleaved");
-    println!("| path | median µs | p99 µs |");
-    println!("|---|---:|---:|");
-    println!("| wasm host (fresh instance per call) | {wasm_median:.1} | {wasm_p99:.1} |");
-    println!("| native Rust, same logic | {native_median:.1} | {native_p99:.1} |");
-    println!(
-        "| ratio wasm / native | {:.2}× | {:.2}× |",
-        wasm_median / native_median,
-        wasm_p99 / native_p99
-    );
+    println!("guest overhead: hostpath provision, {iterations} calls per path, interleaved");
+    println!("| path | median µs | p99 µs | median / native | p99 / native |");
+    println!("|---|---:|---:|---:|---:|");
+    for ((asked, pooled, _), samples) in guests.iter().zip(wasm) {
+        let (median, p99) = summarize(samples);
+        let label = match (asked, pooled) {
+            (Pooling::On, true) => "wasm host, pooling allocator",
+            (Pooling::On, false) => "wasm host, pooling unavailable (on-demand)",
+            _ => "wasm host, on-demand allocation",
+        };
+        println!(
+            "| {label} (fresh instance per call) | {median:.1} | {p99:.1} | {:.2}× | {:.2}× |",
+            median / native_median,
+            p99 / native_p99
+        );
+    }
+    println!("| native Rust, same logic | {native_median:.1} | {native_p99:.1} | 1.00× | 1.00× |");
 }
