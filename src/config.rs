@@ -113,7 +113,8 @@ pub struct RunArgs {
     #[arg(long, env = "POD_NAME")]
     pub instance_name: Option<String>,
     /// Elect a leader among replicas (`--leader-election=false` for a single replica).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    // A bare `--leader-election` (as deploy/ and the Go sidecars pass it) means true.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub leader_election: bool,
     /// `leader`: one replica works, the others stand by; `per-claim`: all work, one lease per claim/volume.
     #[arg(long, value_enum, default_value_t = ElectionMode::Leader)]
@@ -172,7 +173,9 @@ fn parse_node_name(text: &str) -> Result<String, String> {
     if ok {
         Ok(text.to_string())
     } else {
-        Err(format!("{text:?} is not a node name (a DNS subdomain: a-z, 0-9, '-', '.')"))
+        Err(format!(
+            "{text:?} is not a node name (a DNS subdomain: a-z, 0-9, '-', '.')"
+        ))
     }
 }
 
@@ -439,6 +442,22 @@ mod tests {
             panic!("run")
         };
         assert_eq!(args.settings().election.mode, Mode::Off);
+        // Bare, as deploy/deployment.yaml passes it, followed by another flag.
+        let bare = Cli::try_parse_from([
+            "wasm-provisioner",
+            "run",
+            "--plugins",
+            "/p",
+            "--leader-election",
+            "--leader-election-namespace",
+            "ops",
+        ])
+        .unwrap();
+        let Command::Run(args) = bare.command else {
+            panic!("run")
+        };
+        assert_eq!(args.settings().election.mode, Mode::Leader);
+        assert_eq!(args.settings().election.namespace, "ops");
     }
 
     #[test]

@@ -234,9 +234,7 @@ async fn claims_are_provisioned_and_deleted_on_their_own_node(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
     let w = World::new(cp, "wffc").await?;
-    let class = w
-        .create_class("local", "WaitForFirstConsumer", &[])
-        .await?;
+    let class = w.create_class("local", "WaitForFirstConsumer", &[]).await?;
     let mut bound = Vec::new();
     for node in w.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>() {
         let claim = format!("on-{node}");
@@ -247,7 +245,11 @@ async fn claims_are_provisioned_and_deleted_on_their_own_node(
     for (claim, node) in &bound {
         let pv = w.wait_bound(claim).await?;
         let name = pv.name_any();
-        ensure!(pinned_to(&pv) == [node.clone()], "PV {name} pinned to {:?}, not {node}", pinned_to(&pv));
+        ensure!(
+            pinned_to(&pv) == [node.clone()],
+            "PV {name} pinned to {:?}, not {node}",
+            pinned_to(&pv)
+        );
         ensure!(
             host_path(&pv).starts_with(w.node(node).disk.path()),
             "PV {name} points at {}, not into {node}'s disk",
@@ -268,7 +270,11 @@ async fn claims_are_provisioned_and_deleted_on_their_own_node(
             .items
             .iter()
             .filter(|e| e.involved_object.name.as_deref() == Some(claim.as_str()))
-            .filter(|e| e.reason.as_deref().is_some_and(|r| r.starts_with("Provisioning")))
+            .filter(|e| {
+                e.reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("Provisioning"))
+            })
             .map(|e| e.reporting_instance.clone().unwrap_or_default())
             .collect();
         ensure!(
@@ -331,7 +337,11 @@ async fn an_immediate_claim_is_provisioned_exactly_once(
             "{claim}: directory on {:?}, selected node {selected}",
             w.disks_holding(&name)
         );
-        ensure!(pinned_to(&pv) == [selected.clone()], "{claim}: PV pinned to {:?}", pinned_to(&pv));
+        ensure!(
+            pinned_to(&pv) == [selected.clone()],
+            "{claim}: PV pinned to {:?}",
+            pinned_to(&pv)
+        );
         *winners.entry(selected).or_default() += 1;
     }
     eprintln!(
@@ -382,7 +392,9 @@ async fn a_removed_nodes_volume_is_deleted_with_an_event(
     Api::<Node>::all(w.admin.clone())
         .delete(&gone, &DeleteParams::default())
         .await?;
-    w.claims().delete("doomed", &DeleteParams::default()).await?;
+    w.claims()
+        .delete("doomed", &DeleteParams::default())
+        .await?;
     w.wait_pv_gone(&pv).await?;
     let events: Api<Event> = Api::namespaced(w.admin.clone(), "default");
     let event = wait_for("a VolumeDeletedNodeGone event on the PV", WAIT, || async {
@@ -426,7 +438,12 @@ async fn a_mistyped_node_name_stops_the_instance(cp: Arc<ControlPlane>) -> anyho
     plugins.add(
         "hostpath",
         "hostpath",
-        &dir_grant("node.wasm-provisioner.dev/typo", disk.path(), "/volumes", ""),
+        &dir_grant(
+            "node.wasm-provisioner.dev/typo",
+            disk.path(),
+            "/volumes",
+            "",
+        ),
     );
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
     cmd.args(["run", "--plugins"])

@@ -515,7 +515,10 @@ async fn pick_this_node(ctx: &Context, pvc: &PersistentVolumeClaim) -> Result<Do
     let node = ctx.node.as_ref().expect("node mode");
     let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
     if let Some(wait) = node.compete_wait(uid) {
-        tracing::debug!(?wait, "immediate-binding claim: competing for it after a wait");
+        tracing::debug!(
+            ?wait,
+            "immediate-binding claim: competing for it after a wait"
+        );
         return Ok(Done::RetryIn(wait));
     }
     let me = &node.settings.name;
@@ -530,7 +533,11 @@ async fn pick_this_node(ctx: &Context, pvc: &PersistentVolumeClaim) -> Result<Do
     ctx.write_gate().await?;
     ctx.api_budget().await;
     match claims
-        .patch(&pvc.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            &pvc.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await
     {
         Ok(_) => {

@@ -203,7 +203,9 @@ pub async fn run_with_metrics(
     let requested = settings.election.mode;
     settings.election.mode = node::election_mode(requested, settings.node.is_some());
     if settings.election.mode != requested {
-        tracing::info!("node deployment: whole-controller leader election is off (every node's instance must act)");
+        tracing::info!(
+            "node deployment: whole-controller leader election is off (every node's instance must act)"
+        );
     }
     let (node_state, node_deleted) = match &settings.node {
         Some(node) => {
@@ -428,7 +430,9 @@ async fn watch_nodes(
     tokio::spawn(node_watch);
     tokio::time::timeout(Duration::from_secs(60), nodes.wait_until_ready())
         .await
-        .map_err(|_| anyhow::anyhow!("Node cache did not sync within 60 s (RBAC: list, watch nodes)"))??;
+        .map_err(|_| {
+            anyhow::anyhow!("Node cache did not sync within 60 s (RBAC: list, watch nodes)")
+        })??;
     tracing::info!(node = %settings.name, "node deployment: serving this node's claims and volumes");
     Ok((node::NodeState::new(settings.clone(), nodes), deleted_rx))
 }

@@ -266,8 +266,7 @@ impl NodeState {
         let owner = volume_owner(pv, (&self.settings.name, hostname.as_deref()), |pin| {
             self.exists(pin)
         });
-        if let (VolumeOwner::OtherNode | VolumeOwner::Mine, Some(pin)) = (&owner, pinned_node(pv))
-        {
+        if let (VolumeOwner::OtherNode | VolumeOwner::Mine, Some(pin)) = (&owner, pinned_node(pv)) {
             let (Pin::Name(node) | Pin::Hostname(node)) = pin;
             self.missing_since.lock().expect("lock").remove(node);
         }
@@ -376,14 +375,21 @@ mod tests {
 
     #[test]
     fn pinned_node_table() {
-        let name_field = json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]});
+        let name_field =
+            json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]});
         let zone = json!({"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["z"]}]});
         let not_in = json!({"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": ["n1"]}]});
         let cases = [
             (json!([host_in(&["n1"])]), Some(Pin::Hostname("n1"))),
             (json!([name_field.clone()]), Some(Pin::Name("n1"))),
-            (json!([host_in(&["n1"]), name_field]), Some(Pin::Hostname("n1"))),
-            (json!([host_in(&["n1"]), host_in(&["n1"])]), Some(Pin::Hostname("n1"))),
+            (
+                json!([host_in(&["n1"]), name_field]),
+                Some(Pin::Hostname("n1")),
+            ),
+            (
+                json!([host_in(&["n1"]), host_in(&["n1"])]),
+                Some(Pin::Hostname("n1")),
+            ),
             (json!([host_in(&["n1"]), host_in(&["n2"])]), None),
             (json!([host_in(&["n1", "n2"])]), None),
             (json!([host_in(&[""])]), None),
@@ -405,7 +411,10 @@ mod tests {
         let on = |node: &str| pv(json!([host_in(&[node])]));
         let nodes = ["n1", "n2"];
         let exists = |pin: Pin<'_>| nodes.iter().any(|n| pin_matches(pin, n, None));
-        assert_eq!(volume_owner(&on("n1"), ("n1", None), exists), VolumeOwner::Mine);
+        assert_eq!(
+            volume_owner(&on("n1"), ("n1", None), exists),
+            VolumeOwner::Mine
+        );
         assert_eq!(
             volume_owner(&on("n2"), ("n1", None), exists),
             VolumeOwner::OtherNode

@@ -322,7 +322,11 @@ async fn delete_node_gone(
     }
     let node = ctx.node.as_ref().expect("node mode");
     if let Some(wait) = node.gone_wait(gone) {
-        tracing::info!(node = gone, ?wait, "volume's node is missing; deleting the PV without cleanup once the grace period is over");
+        tracing::info!(
+            node = gone,
+            ?wait,
+            "volume's node is missing; deleting the PV without cleanup once the grace period is over"
+        );
         return Ok(Done::RetryIn(wait));
     }
     // The cache may lag a node that came back: ask the API server before deleting.
@@ -357,7 +361,10 @@ async fn delete_node_gone(
     let first = live.metadata.deletion_timestamp.is_none();
     if remove_pv(ctx, &pvs, &live).await? && first {
         let grace = node.settings.gone_grace;
-        tracing::warn!(node = gone, "deleted the PV of a removed node without cleaning up its storage");
+        tracing::warn!(
+            node = gone,
+            "deleted the PV of a removed node without cleaning up its storage"
+        );
         publish(
             &ctx.recorder,
             &live.object_ref(&()),
