@@ -47,6 +47,11 @@ struct World {
 
 impl World {
     async fn new(cp: Arc<ControlPlane>, name: &str) -> anyhow::Result<World> {
+        World::with_guest(cp, name, "hostpath").await
+    }
+
+    /// Three nodes running `guest` (hostpath, or the scripted test guest), each granted its disk.
+    async fn with_guest(cp: Arc<ControlPlane>, name: &str, guest: &str) -> anyhow::Result<World> {
         let admin = cp.admin_client().await?;
         let ns = format!("node-{name}");
         Api::<Namespace>::all(admin.clone())
@@ -70,8 +75,8 @@ impl World {
             let disk = tempfile::tempdir()?;
             let plugins = PluginsDir::new();
             plugins.add(
-                "hostpath",
-                "hostpath",
+                guest,
+                guest,
                 &dir_grant(&provisioner, disk.path(), "/volumes", ""),
             );
             let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
@@ -115,10 +120,23 @@ impl World {
         binding: &str,
         annotations: &[(&str, &str)],
     ) -> anyhow::Result<String> {
+        self.create_class_with(suffix, binding, annotations, &[])
+            .await
+    }
+
+    async fn create_class_with(
+        &self,
+        suffix: &str,
+        binding: &str,
+        annotations: &[(&str, &str)],
+        parameters: &[(&str, &str)],
+    ) -> anyhow::Result<String> {
         let name = format!("node-{}-{suffix}", self.name);
         let annotations: BTreeMap<&str, &str> = annotations.iter().copied().collect();
+        let parameters: BTreeMap<&str, &str> = parameters.iter().copied().collect();
         let class: StorageClass = serde_json::from_value(json!({
             "metadata": {"name": name, "annotations": annotations},
+            "parameters": parameters,
             "provisioner": self.provisioner,
             "reclaimPolicy": "Delete",
             "volumeBindingMode": binding,
@@ -431,6 +449,60 @@ async fn a_removed_nodes_volume_is_deleted_with_an_event(
     Ok(())
 }
 
+/// A claim deleted while its node's guest is still provisioning: only that node finishes it (its
+/// finalizer keeps the claim until that node's storage is gone); no other node calls its guest.
+async fn a_claim_deleted_mid_provision_is_finished_by_its_node_only(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let w = World::with_guest(cp, "mid", "scripted").await?;
+    let class = w
+        .create_class_with(
+            "slow",
+            "WaitForFirstConsumer",
+            &[],
+            &[("delayMs", "3000"), ("pinToSelectedNode", "true")],
+        )
+        .await?;
+    let owner = w.nodes[0].name.clone();
+    let claim = w.create_claim("short-lived", &class, Some(&owner)).await?;
+    let pv = format!("pvc-{}", claim.metadata.uid.clone().unwrap_or_default());
+    let started = w.node(&owner).disk.path().join(format!("{pv}.started"));
+    wait_for("the owner's guest to start provisioning", WAIT, || {
+        let found = started.exists();
+        async move { Ok(found.then_some(())) }
+    })
+    .await
+    .with_context(|| w.logs())?;
+    w.claims()
+        .delete("short-lived", &DeleteParams::default())
+        .await?;
+    let claims = w.claims();
+    wait_for("the claim to be gone", WAIT, || async {
+        Ok(claims.get_opt("short-lived").await?.is_none().then_some(()))
+    })
+    .await
+    .with_context(|| w.logs())?;
+    ensure!(
+        w.disks_holding(&pv).is_empty(),
+        "storage left on {:?}",
+        w.disks_holding(&pv)
+    );
+    ensure!(
+        w.pvs().get_opt(&pv).await?.is_none(),
+        "a PV was created for the deleted claim"
+    );
+    for n in &w.nodes {
+        let calls = std::fs::read_to_string(n.disk.path().join("calls.log")).unwrap_or_default();
+        let touched = calls.lines().any(|l| l.contains(&pv));
+        ensure!(
+            touched == (n.name == owner),
+            "{} called its guest for {pv}: {touched}\n{calls}",
+            n.name
+        );
+    }
+    Ok(())
+}
+
 /// An instance whose --node-name names no Node refuses to start, and says why.
 async fn a_mistyped_node_name_stops_the_instance(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
     let disk = tempfile::tempdir()?;
@@ -485,6 +557,7 @@ fn main() -> std::process::ExitCode {
         an_immediate_claim_is_provisioned_exactly_once,
         a_removed_nodes_volume_is_deleted_with_an_event,
         a_mistyped_node_name_stops_the_instance,
+        a_claim_deleted_mid_provision_is_finished_by_its_node_only,
     ];
     let selected: Vec<_> = tests
         .iter()
@@ -498,6 +571,7 @@ fn main() -> std::process::ExitCode {
         return libtest_mimic::run(&args, trials).exit_code();
     }
     guest_wasm("hostpath");
+    guest_wasm("scripted");
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let cp = match runtime.block_on(ControlPlane::start()) {
         Ok(cp) => Arc::new(cp),

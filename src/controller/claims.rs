@@ -22,7 +22,7 @@ use super::decide::{self, ClaimDecision, FINALIZER_CLAIM, has_finalizer};
 use super::events::{self, publish};
 use super::failures::fingerprint;
 use super::gate::{self, GateError, LockKey};
-use super::node::ClaimOwner;
+use super::node::{self, ClaimOwner};
 use crate::metrics::Queue;
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError, ProvisionRequest};
 use crate::wasm::convert::{self, ConvertError, PvIdentity};
@@ -292,6 +292,13 @@ pub fn error_policy(
 
 async fn provision(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result<Done, ClaimError> {
     if pvc.metadata.deletion_timestamp.is_some() {
+        // Node mode: only the claim's node holds (and can clean up) its storage; another node
+        // finishing first would drop the finalizer that keeps that node's cleanup from leaking.
+        if let Some(node) = &ctx.node
+            && !node::cleans_up_deleted_claim(&pvc, &node.settings.name)
+        {
+            return Ok(Done::Nothing);
+        }
         return finish_deleted_claim(&pvc, &ctx).await;
     }
     let plugins = ctx.plugins();

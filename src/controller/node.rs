@@ -90,6 +90,13 @@ pub fn claim_owner(
     }
 }
 
+/// Whether this node finishes a deleted claim that still carries our finalizer. In node mode the
+/// finalizer is only ever added by the claim's selected node (immediate claims get one picked
+/// first), so that node alone may have storage for it.
+pub fn cleans_up_deleted_claim(pvc: &PersistentVolumeClaim, me: &str) -> bool {
+    decide::selected_node(pvc) == Some(me)
+}
+
 /// How a PV names the one node it lives on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pin<'a> {
@@ -359,6 +366,13 @@ mod tests {
                 "selected {selected:?}, class opt-out {opt:?}, immediate {immediate}"
             );
         }
+    }
+
+    #[test]
+    fn only_the_selected_node_finishes_a_deleted_claim() {
+        assert!(cleans_up_deleted_claim(&claim(Some("n1")), "n1"));
+        assert!(!cleans_up_deleted_claim(&claim(Some("n2")), "n1"));
+        assert!(!cleans_up_deleted_claim(&claim(None), "n1"));
     }
 
     fn pv(affinity: serde_json::Value) -> PersistentVolume {
