@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::controller::Settings;
 use crate::controller::gate::{ElectionSettings, Mode};
 use crate::controller::leader::Timing;
+use crate::controller::node::NodeSettings;
 
 /// A Kubernetes dynamic volume provisioner whose storage logic is WebAssembly components.
 #[derive(Debug, Parser)]
@@ -151,6 +152,43 @@ pub struct RunArgs {
     /// Quiet time after a change in the plugins directory before it is loaded (partial writes).
     #[arg(long, default_value = "500ms", value_parser = parse_duration)]
     pub plugins_debounce: Duration,
+    /// One instance per node: provision only claims whose selected node is --node-name, delete
+    /// only PVs pinned to it. Turns `leader` election off (per-claim mode stays available).
+    #[arg(long, default_value_t = false)]
+    pub node_deployment: bool,
+    /// This instance's node (--node-deployment).
+    #[arg(long, env = "NODE_NAME", required_if_eq("node_deployment", "true"), value_parser = parse_node_name)]
+    pub node_name: Option<String>,
+    /// Shortest wait before a node instance competes for an immediate-binding claim.
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    pub node_deployment_base_delay: Duration,
+    /// Longest such wait (the actual wait is random in between).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub node_deployment_max_delay: Duration,
+    /// Let node instances pick a node for immediate-binding claims (a class can still opt out).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub node_deployment_immediate_binding: bool,
+    /// How long a Released PV's node must be gone before the PV is deleted without cleanup.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub node_gone_grace: Duration,
+}
+
+/// A node name: a non-empty DNS subdomain (lower-case alphanumerics, `-` and `.`).
+fn parse_node_name(text: &str) -> Result<String, String> {
+    let ok = !text.is_empty()
+        && text.len() <= 253
+        && text
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && text.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && text.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "{text:?} is not a node name (a DNS subdomain: a-z, 0-9, '-', '.')"
+        ))
+    }
 }
 
 /// `--leader-election-mode`.
@@ -308,7 +346,24 @@ impl RunArgs {
             reporter: "wasm-provisioner".into(),
             instance: self.instance_name.clone(),
             election: self.election(),
+            node: self.node_settings(),
         }
+    }
+
+    fn node_settings(&self) -> Option<NodeSettings> {
+        if !self.node_deployment {
+            return None;
+        }
+        Some(NodeSettings {
+            // clap requires --node-name (or NODE_NAME) with --node-deployment.
+            name: self.node_name.clone().unwrap_or_default(),
+            base_delay: self.node_deployment_base_delay,
+            max_delay: self
+                .node_deployment_max_delay
+                .max(self.node_deployment_base_delay),
+            immediate_binding: self.node_deployment_immediate_binding,
+            gone_grace: self.node_gone_grace,
+        })
     }
 
     fn election(&self) -> ElectionSettings {
@@ -437,5 +492,61 @@ mod tests {
             panic!("run")
         };
         assert_eq!(args.settings().election.mode, Mode::Off);
+        // Bare, as deploy/deployment.yaml passes it, followed by another flag.
+        let bare = Cli::try_parse_from([
+            "wasm-provisioner",
+            "run",
+            "--plugins",
+            "/p",
+            "--leader-election",
+            "--leader-election-namespace",
+            "ops",
+        ])
+        .unwrap();
+        let Command::Run(args) = bare.command else {
+            panic!("run")
+        };
+        assert_eq!(args.settings().election.mode, Mode::Leader);
+        assert_eq!(args.settings().election.namespace, "ops");
+    }
+
+    #[test]
+    fn node_flags() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["wasm-provisioner", "run", "--plugins", "/p"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv)
+        };
+        let Command::Run(args) = parse(&[]).unwrap().command else {
+            panic!("run")
+        };
+        assert_eq!(args.settings().node, None);
+        // Without NODE_NAME in the environment, --node-deployment alone is an error.
+        if std::env::var_os("NODE_NAME").is_none() {
+            let error = parse(&["--node-deployment"]).unwrap_err().to_string();
+            assert!(error.contains("--node-name"), "{error}");
+        }
+        assert!(parse(&["--node-deployment", "--node-name", "Node_1"]).is_err());
+        let Command::Run(args) = parse(&[
+            "--node-deployment",
+            "--node-name",
+            "n1.example",
+            "--node-deployment-base-delay",
+            "2s",
+            "--node-deployment-max-delay",
+            "1s",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("run")
+        };
+        let node = args.settings().node.unwrap();
+        assert_eq!(node.name, "n1.example");
+        assert_eq!(node.base_delay, Duration::from_secs(2));
+        // A max below the base is raised to it.
+        assert_eq!(node.max_delay, Duration::from_secs(2));
+        assert!(node.immediate_binding);
+        assert_eq!(node.gone_grace, Duration::from_secs(300));
     }
 }

@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -66,6 +66,7 @@ fn check_typed(path: &Path, kind: &str, value: serde_yaml::Value) {
         "Role" => strict::<Role>(path, value),
         "RoleBinding" => strict::<RoleBinding>(path, value),
         "Deployment" => strict::<Deployment>(path, value),
+        "DaemonSet" => strict::<DaemonSet>(path, value),
         "Service" => strict::<Service>(path, value),
         "StorageClass" => strict::<StorageClass>(path, value),
         "PersistentVolumeClaim" => strict::<PersistentVolumeClaim>(path, value),
@@ -312,4 +313,87 @@ fn the_readme_flag_table_matches_run_help() {
             "`run --help` has {flag}, missing from the README flag table"
         );
     }
+}
+
+/// `deploy/node/`: the DaemonSet passes only real flags, runs node mode without the whole-controller
+/// election, takes its node name from the pod's node, mounts the node's storage where its grant
+/// says; the kustomization's files exist and its class is served by its grant.
+#[test]
+fn the_node_daemonset_runs_node_mode_on_the_nodes_storage() {
+    let dir = deploy().join("node");
+    let text = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
+    let k: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    let mut daemonset = None;
+    let mut classes = Vec::new();
+    for resource in k["resources"].as_sequence().unwrap() {
+        let path = dir.join(resource.as_str().unwrap());
+        assert!(path.is_file(), "{} missing", path.display());
+        for (kind, value) in documents(&path) {
+            match kind.as_str() {
+                "DaemonSet" => {
+                    daemonset = Some(serde_yaml::from_value::<DaemonSet>(value).unwrap())
+                }
+                "StorageClass" => {
+                    classes.push(serde_yaml::from_value::<StorageClass>(value).unwrap())
+                }
+                _ => {}
+            }
+        }
+    }
+    let grant_file = k["configMapGenerator"][0]["files"][0].as_str().unwrap();
+    let grants = Grants::from_file(&dir.join(grant_file)).unwrap();
+    for class in &classes {
+        assert_eq!(class.provisioner, grants.provisioner);
+    }
+    let pod = daemonset.expect("a DaemonSet").spec.template.spec.unwrap();
+    let container = &pod.containers[0];
+    let args = container.args.clone().unwrap();
+    let flags = help_flags();
+    for arg in &args[1..] {
+        let flag = arg.split('=').next().unwrap();
+        assert!(
+            flags.contains_key(flag),
+            "deploy/node passes {flag}, which `run` lacks"
+        );
+    }
+    assert!(args.iter().any(|a| a == "--node-deployment"));
+    assert!(args.iter().any(|a| a == "--leader-election=false"));
+    let node_name = container
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "NODE_NAME")
+        .and_then(|e| e.value_from.as_ref()?.field_ref.as_ref())
+        .map(|f| f.field_path.clone());
+    assert_eq!(node_name.as_deref(), Some("spec.nodeName"));
+    // The granted directory is mounted from the node's disk at the same path.
+    let granted = &grants.dirs[0].host;
+    let mount = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| std::path::Path::new(&m.mount_path) == granted.as_path())
+        .expect("the granted directory is mounted");
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .unwrap();
+    assert_eq!(
+        volume
+            .host_path
+            .as_ref()
+            .map(|h| std::path::PathBuf::from(&h.path))
+            .as_ref(),
+        Some(granted)
+    );
+    assert_eq!(
+        container
+            .security_context
+            .as_ref()
+            .unwrap()
+            .read_only_root_filesystem,
+        Some(true)
+    );
 }

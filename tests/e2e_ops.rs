@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::Event as EventV1;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -247,8 +247,14 @@ struct Cycle {
 }
 
 impl Cycle {
-    /// Starts `wasm-provisioner run` as `kubeconfig` with the flags `deploy/deployment.yaml` uses.
-    async fn start(cp: &ControlPlane, kubeconfig: &Path, tag: &str) -> anyhow::Result<Cycle> {
+    /// Starts `wasm-provisioner run` as `kubeconfig` with the flags `deploy/deployment.yaml` uses;
+    /// with `node`, as `deploy/node/` runs it (`--node-deployment` on a Node of its own).
+    async fn start(
+        cp: &ControlPlane,
+        kubeconfig: &Path,
+        tag: &str,
+        node: bool,
+    ) -> anyhow::Result<Cycle> {
         let admin = cp.admin_client().await?;
         let ns = format!("ops-{tag}");
         Api::<Namespace>::all(admin.clone())
@@ -282,6 +288,22 @@ impl Cycle {
             .args(["--metrics-address", &metrics.to_string()])
             .args(["--instance-name", tag])
             .env("RUST_LOG", "info,wasm_provisioner=debug");
+        if node {
+            let name = format!("ops-{tag}");
+            let object: Node = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+            match Api::<Node>::all(admin.clone())
+                .create(&PostParams::default(), &object)
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+                Err(error) => return Err(error).context("create node"),
+            }
+            cmd.args(["--node-deployment", "--node-name", &name])
+                .args(["--node-deployment-base-delay", "100ms"])
+                .args(["--node-deployment-max-delay", "300ms"])
+                .env_remove("NODE_NAME");
+        }
         if has_leader_election() {
             // Per-claim mode uses every lease verb (get, create, update, delete), so each
             // minus-one variant of the leases Role shows up in this cycle.
@@ -296,7 +318,11 @@ impl Cycle {
         }
         let process = Process::spawn(cmd, cp.run_dir().join(format!("provisioner-ops-{tag}.log")))?;
         let class = format!("ops-{tag}");
-        let params: BTreeMap<&str, &str> = [("fail", "final"), ("failTimes", "1")].into();
+        let mut params: BTreeMap<&str, &str> = [("fail", "final"), ("failTimes", "1")].into();
+        if node {
+            // Node mode deletes only PVs pinned to the instance's node.
+            params.insert("pinToSelectedNode", "true");
+        }
         let sc: StorageClass = serde_json::from_value(json!({
             "metadata": {"name": class},
             "provisioner": provisioner,
@@ -504,7 +530,9 @@ async fn without(
         bind(&cp, &admin, n, &variant).await?;
         let kubeconfig = cp.restricted_kubeconfig(n).to_owned();
         let tag = format!("w-{}", variant.name).replace('_', "-").to_lowercase();
-        let mut cycle = Cycle::start(&cp, &kubeconfig, &tag).await?;
+        // The node verbs are only used in node-local mode: run that cycle for them.
+        let node = variant.name.starts_with("nodes_");
+        let mut cycle = Cycle::start(&cp, &kubeconfig, &tag, node).await?;
         let result = cycle.run("data").await;
         cycle.process.kill();
         let log = cycle.process.log();
@@ -560,7 +588,7 @@ async fn deploy_rbac_runs_the_cycle_with_health_metrics_and_logs(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
     let kubeconfig = cp.provisioner_kubeconfig().to_owned();
-    let cycle = Cycle::start(&cp, &kubeconfig, "baseline").await?;
+    let cycle = Cycle::start(&cp, &kubeconfig, "baseline", false).await?;
     let address = cycle.metrics;
     wait_for("/healthz 200", STEP, || async {
         Ok(matches!(http_get(address, "/healthz").await, Ok((200, _))).then_some(()))
@@ -671,7 +699,7 @@ async fn deploy_rbac_runs_the_cycle_with_health_metrics_and_logs(
 /// Two replicas with the deployed RBAC: one leads; when it dies the other takes over.
 async fn leader_election_hands_over_with_deploy_rbac(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
     let kubeconfig = cp.provisioner_kubeconfig().to_owned();
-    let mut first = Cycle::start(&cp, &kubeconfig, "le").await?;
+    let mut first = Cycle::start(&cp, &kubeconfig, "le", false).await?;
     first.run("before").await.with_context(|| first.log())?;
     // A second replica of the same provisioner, same lease.
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));

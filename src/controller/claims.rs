@@ -22,6 +22,7 @@ use super::decide::{self, ClaimDecision, FINALIZER_CLAIM, has_finalizer};
 use super::events::{self, publish};
 use super::failures::fingerprint;
 use super::gate::{self, GateError, LockKey};
+use super::node::{self, ClaimOwner};
 use crate::metrics::Queue;
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError, ProvisionRequest};
 use crate::wasm::convert::{self, ConvertError, PvIdentity};
@@ -113,6 +114,8 @@ enum Done {
     Provisioned,
     /// Nothing to do, or the claim was settled without a PV (ignored, abandoned, cleaned up).
     Nothing,
+    /// Look again after this long (node mode: the wait before competing for a claim).
+    RetryIn(Duration),
 }
 
 /// The data-source kind of a claim, the library's `source` metric label ("" without one).
@@ -213,6 +216,9 @@ async fn reconcile_gated(
                 ctx.metrics
                     .provision_succeeded(&class, &source_kind(&pvc), took);
             }
+            if let Done::RetryIn(wait) = done {
+                return Ok(Action::requeue(wait));
+            }
             Ok(Action::await_change())
         }
         Err(error @ ClaimError::Gate(_)) => {
@@ -286,6 +292,13 @@ pub fn error_policy(
 
 async fn provision(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result<Done, ClaimError> {
     if pvc.metadata.deletion_timestamp.is_some() {
+        // Node mode: only the claim's node holds (and can clean up) its storage; another node
+        // finishing first would drop the finalizer that keeps that node's cleanup from leaking.
+        if let Some(node) = &ctx.node
+            && !node::cleans_up_deleted_claim(&pvc, &node.settings.name)
+        {
+            return Ok(Done::Nothing);
+        }
         return finish_deleted_claim(&pvc, &ctx).await;
     }
     let plugins = ctx.plugins();
@@ -336,6 +349,18 @@ async fn provision(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result
     if ctx.volumes.get(&ObjectRef::new(&pv_name)).is_some() || ctx.recently_created(&pv_name) {
         release_if_pv_exists(&pvc, &ctx).await?;
         return Ok(Done::Nothing);
+    }
+    if let Some(node) = &ctx.node {
+        let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
+        match node.claim_owner(&pvc, &class) {
+            ClaimOwner::Mine => node.compete_done(uid),
+            ClaimOwner::OtherNode | ClaimOwner::OptedOut => {
+                tracing::trace!("not this node's claim");
+                node.compete_done(uid);
+                return Ok(Done::Nothing);
+            }
+            ClaimOwner::Compete => return pick_this_node(&ctx, &pvc).await,
+        }
     }
     if ctx.write_gate().await? {
         // Just took this claim's lease: another replica may have created its PV a moment ago.
@@ -514,6 +539,66 @@ async fn provision(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result
                 }
             }
         }
+    }
+}
+
+/// Node mode, immediate binding: after a randomised wait, set `selected-node` to this node with a
+/// resourceVersion precondition. Exactly one instance's write succeeds; the claim's update then
+/// brings it back here as this node's claim. The others get a conflict, or see the node set.
+async fn pick_this_node(ctx: &Context, pvc: &PersistentVolumeClaim) -> Result<Done, ClaimError> {
+    let node = ctx.node.as_ref().expect("node mode");
+    let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
+    if let Some(wait) = node.compete_wait(uid) {
+        tracing::debug!(
+            ?wait,
+            "immediate-binding claim: competing for it after a wait"
+        );
+        return Ok(Done::RetryIn(wait));
+    }
+    let me = &node.settings.name;
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": pvc.metadata.resource_version,
+            "annotations": { decide::ANN_SELECTED_NODE: me },
+        }
+    });
+    let claims: Api<PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default());
+    ctx.write_gate().await?;
+    ctx.api_budget().await;
+    match claims
+        .patch(
+            &pvc.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {
+            node.compete_done(uid);
+            tracing::info!(node = %me, "picked this node for the immediate-binding claim");
+            publish(
+                &ctx.recorder,
+                &pvc.object_ref(&()),
+                false,
+                events::NODE_SELECTED,
+                "Provision",
+                format!("Node {me} picked for the immediate-binding claim (node deployment)"),
+            )
+            .await;
+            Ok(Done::Nothing)
+        }
+        // Someone changed the claim first (often: another node picked it). Its watch event
+        // brings the claim back; if no node was picked, this instance tries again at once.
+        Err(kube::Error::Api(status)) if status.is_conflict() => {
+            tracing::debug!("claim changed while competing for it; looking again");
+            Ok(Done::Nothing)
+        }
+        Err(kube::Error::Api(status)) if status.is_not_found() => {
+            node.compete_done(uid);
+            Ok(Done::Nothing)
+        }
+        Err(error) => Err(error.into()),
     }
 }
 

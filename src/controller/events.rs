@@ -33,6 +33,10 @@ pub const DELETE_GIVEN_UP: &str = "DeletionGivenUp";
 pub const WAITING_FOR_GUEST: &str = "WaitingForGuest";
 /// Normal: the claim was deleted while provisioning and its storage was cleaned up.
 pub const PROVISIONING_ABANDONED: &str = "ProvisioningAbandoned";
+/// Normal: node mode picked this instance's node for an immediate-binding claim.
+pub const NODE_SELECTED: &str = "NodeSelected";
+/// Warning: a Released PV's node no longer exists; the PV was deleted without cleaning up.
+pub const DELETED_NODE_GONE: &str = "VolumeDeletedNodeGone";
 /// Normal, on the Lease: a replica became leader or stopped leading (client-go's reason).
 pub const LEADER_ELECTION: &str = "LeaderElection";
 

@@ -11,6 +11,7 @@ pub mod events;
 pub mod failures;
 pub mod gate;
 pub mod leader;
+pub mod node;
 pub mod ratelimit;
 pub mod volumes;
 
@@ -73,6 +74,8 @@ pub struct Settings {
     pub instance: Option<String>,
     /// Leader election (`--leader-election*`).
     pub election: gate::ElectionSettings,
+    /// Node-local deployment (`--node-deployment*`): serve only this node's claims and volumes.
+    pub node: Option<node::NodeSettings>,
 }
 
 impl Default for Settings {
@@ -96,6 +99,7 @@ impl Default for Settings {
             reporter: "wasm-provisioner".into(),
             instance: None,
             election: gate::ElectionSettings::default(),
+            node: None,
         }
     }
 }
@@ -129,6 +133,8 @@ pub struct Context {
     pub election: Arc<gate::Election>,
     /// Prometheus series and readiness.
     pub metrics: Metrics,
+    /// Node mode's node cache and bookkeeping (None outside node mode).
+    pub node: Option<node::NodeState>,
 }
 
 impl Context {
@@ -193,12 +199,26 @@ pub async fn run(
 pub async fn run_watching(
     client: Client,
     mut plugins: tokio::sync::watch::Receiver<Arc<Plugins>>,
-    settings: Settings,
+    mut settings: Settings,
     metrics: Metrics,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
     let initial = plugins.borrow_and_update().clone();
     metrics.guests_loaded(initial.len());
+    let requested = settings.election.mode;
+    settings.election.mode = node::election_mode(requested, settings.node.is_some());
+    if settings.election.mode != requested {
+        tracing::info!(
+            "node deployment: whole-controller leader election is off (every node's instance must act)"
+        );
+    }
+    let (node_state, node_deleted) = match &settings.node {
+        Some(node) => {
+            let (state, deleted) = watch_nodes(&client, node).await?;
+            (Some(state), deleted.left_stream())
+        }
+        None => (None, futures::stream::pending().right_stream()),
+    };
     if settings.election.mode != gate::Mode::Off {
         settings.election.timing.validate()?;
     }
@@ -246,6 +266,7 @@ pub async fn run_watching(
         created: Mutex::new(HashMap::new()),
         election: election.clone(),
         metrics: metrics.clone(),
+        node: node_state,
     });
 
     tokio::time::timeout(Duration::from_secs(60), classes.wait_until_ready())
@@ -329,6 +350,8 @@ pub async fn run_watching(
             resync_ticks(resync),
             reload_ticks(reloaded),
         ))
+        // Node mode: a node that disappears may leave Released PVs only other nodes can delete.
+        .reconcile_all_on(node_deleted)
         .reconcile_all_on(gained(&election))
         .graceful_shutdown_on(shutdown_signal(shutdown_rx.clone()))
         .run(volumes::reconcile, volumes::error_policy, ctx.clone())
@@ -392,6 +415,60 @@ pub async fn run_watching(
     metrics.set_ready(false);
     tracing::info!("controller stopped");
     Ok(())
+}
+
+/// Node mode: checks this node exists (a mistyped `--node-name` would otherwise serve nothing,
+/// silently), then caches node metadata; the stream ticks when a node is deleted.
+async fn watch_nodes(
+    client: &Client,
+    settings: &node::NodeSettings,
+) -> anyhow::Result<(
+    node::NodeState,
+    impl futures::Stream<Item = ()> + Send + 'static,
+)> {
+    use k8s_openapi::api::core::v1::Node;
+    let api: Api<Node> = Api::all(client.clone());
+    match api.get_metadata_opt(&settings.name).await {
+        Ok(Some(_)) => {}
+        Ok(None) => anyhow::bail!(
+            "node {:?} does not exist: --node-name (or NODE_NAME) must name this instance's node",
+            settings.name
+        ),
+        Err(error) => {
+            return Err(anyhow::Error::new(error).context(format!(
+                "cannot read node {:?} (RBAC: get nodes)",
+                settings.name
+            )));
+        }
+    }
+    let (nodes, writer) = reflector::store();
+    let (deleted_tx, deleted_rx) = futures::channel::mpsc::unbounded::<()>();
+    // Metadata only: node status (conditions, images, addresses) is most of a Node's bytes and
+    // churn, and node mode needs names and the hostname label.
+    let meta: Api<kube::core::PartialObjectMeta<Node>> = Api::all(client.clone());
+    let node_watch = watcher(meta, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .for_each(move |event| {
+            match event {
+                Ok(watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+                    let _ = deleted_tx.unbounded_send(());
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "watching nodes failed (RBAC: list, watch nodes)");
+                }
+            }
+            futures::future::ready(())
+        });
+    tokio::spawn(node_watch);
+    tokio::time::timeout(Duration::from_secs(60), nodes.wait_until_ready())
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!("Node cache did not sync within 60 s (RBAC: list, watch nodes)")
+        })??;
+    tracing::info!(node = %settings.name, "node deployment: serving this node's claims and volumes");
+    Ok((node::NodeState::new(settings.clone(), nodes), deleted_rx))
 }
 
 /// Starts campaigning for the whole-controller lease, woken early by a watch on that lease.

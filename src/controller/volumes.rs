@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::PersistentVolume;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
@@ -15,6 +15,7 @@ use super::decide::{self, FINALIZER_PV, has_finalizer};
 use super::events::{self, publish};
 use super::failures::fingerprint;
 use super::gate::{self, GateError, LockKey};
+use super::node::{self, VolumeOwner};
 use crate::metrics::Queue;
 use crate::wasm::CallError;
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
@@ -70,6 +71,8 @@ enum Done {
     Deleted,
     /// Nothing to do (not ours, not released, kept by the guest, finalizer bookkeeping).
     Nothing,
+    /// Look again after this long (node mode: a node not yet gone for the grace period).
+    RetryIn(Duration),
 }
 
 fn volume_fingerprint(pv: &PersistentVolume) -> u64 {
@@ -155,7 +158,10 @@ async fn reconcile_gated(
             }
         }
     }
-    outcome.map(|_| Action::await_change())
+    outcome.map(|done| match done {
+        Done::RetryIn(wait) => Action::requeue(wait),
+        Done::Deleted | Done::Nothing => Action::await_change(),
+    })
 }
 
 /// Requeue policy for volumes.
@@ -187,6 +193,13 @@ async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Done, Vo
     let plugins = ctx.plugins();
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let name = pv.name_any();
+    if let Some(node) = &ctx.node {
+        match node.volume_owner(&pv) {
+            VolumeOwner::Mine => {}
+            VolumeOwner::OtherNode | VolumeOwner::NotPinned => return Ok(Done::Nothing),
+            VolumeOwner::NodeGone(gone) => return delete_node_gone(&ctx, &pv, &gone).await,
+        }
+    }
     let ours = decide::claim_provisioner_of_volume(&pv).is_some_and(|p| plugins.serves(p));
     if ours && let Some(add) = decide::pv_finalizer_change(&pv, ctx.settings.add_pv_finalizer) {
         set_pv_finalizer(&ctx, &pvs, &pv, add).await?;
@@ -260,25 +273,110 @@ async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Done, Vo
             return Err(VolumeError::Guest(error));
         }
     }
-    ctx.write_gate().await?;
-    ctx.api_budget().await;
-    match pvs
-        .delete(&name, &DeleteParams::default().preconditions_uid(&live))
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(status)) if status.is_not_found() => {}
-        Err(error) => return Err(error.into()),
-    }
-    if ctx.settings.add_pv_finalizer && has_finalizer(&live.metadata.finalizers, FINALIZER_PV) {
-        ctx.api_budget().await;
-        if let Some(current) = pvs.get_opt(&name).await? {
-            set_pv_finalizer(&ctx, &pvs, &current, false).await?;
-        }
-    }
+    remove_pv(&ctx, &pvs, &live).await?;
     ctx.volume_failures.lock().expect("lock").forget(&name);
     tracing::info!(guest = guest.name(), "volume deleted");
     Ok(Done::Deleted)
+}
+
+/// Deletes the PV object we looked at (UID precondition), then our PV finalizer if it has one.
+/// Returns whether this call deleted it (false: already gone).
+async fn remove_pv(
+    ctx: &Context,
+    pvs: &Api<PersistentVolume>,
+    live: &PersistentVolume,
+) -> Result<bool, VolumeError> {
+    let name = live.name_any();
+    ctx.write_gate().await?;
+    ctx.api_budget().await;
+    let deleted = match pvs
+        .delete(&name, &DeleteParams::default().preconditions_uid(live))
+        .await
+    {
+        Ok(_) => true,
+        Err(kube::Error::Api(status)) if status.is_not_found() => false,
+        Err(error) => return Err(error.into()),
+    };
+    if ctx.settings.add_pv_finalizer && has_finalizer(&live.metadata.finalizers, FINALIZER_PV) {
+        ctx.api_budget().await;
+        if let Some(current) = pvs.get_opt(&name).await? {
+            set_pv_finalizer(ctx, pvs, &current, false).await?;
+        }
+    }
+    Ok(deleted)
+}
+
+/// Node mode: a Released PV pinned to a node that no longer exists. Its storage went with the
+/// node, so no guest is called: after `--node-gone-grace` (a node briefly re-registering must not
+/// lose its volumes) any instance deletes the PV object and says so in an event. Instances race
+/// harmlessly: the UID precondition lets one delete win.
+async fn delete_node_gone(
+    ctx: &Context,
+    pv: &PersistentVolume,
+    gone: &str,
+) -> Result<Done, VolumeError> {
+    let plugins = ctx.plugins();
+    let finalizer_mode = ctx.settings.add_pv_finalizer;
+    if decide::should_delete(pv, |p| plugins.serves(p), finalizer_mode).is_none() {
+        return Ok(Done::Nothing);
+    }
+    let node = ctx.node.as_ref().expect("node mode");
+    if let Some(wait) = node.gone_wait(gone) {
+        tracing::info!(
+            node = gone,
+            ?wait,
+            "volume's node is missing; deleting the PV without cleanup once the grace period is over"
+        );
+        return Ok(Done::RetryIn(wait));
+    }
+    // The cache may lag a node that came back: ask the API server before deleting.
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    ctx.api_budget().await;
+    let back = match node::pinned_node(pv) {
+        Some(node::Pin::Name(name)) => nodes.get_metadata_opt(name).await?.is_some(),
+        _ => !nodes
+            .list_metadata(
+                &ListParams::default()
+                    .labels(&format!("{}={gone}", node::HOSTNAME_LABEL))
+                    .limit(1),
+            )
+            .await?
+            .items
+            .is_empty(),
+    };
+    if back {
+        node.node_seen(gone);
+        return Ok(Done::Nothing);
+    }
+    let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    ctx.api_budget().await;
+    let Some(live) = pvs.get_opt(&pv.name_any()).await? else {
+        return Ok(Done::Nothing);
+    };
+    if live.metadata.uid != pv.metadata.uid
+        || decide::should_delete(&live, |p| plugins.serves(p), finalizer_mode).is_none()
+    {
+        return Ok(Done::Nothing);
+    }
+    let first = live.metadata.deletion_timestamp.is_none();
+    if remove_pv(ctx, &pvs, &live).await? && first {
+        let grace = node.settings.gone_grace;
+        tracing::warn!(
+            node = gone,
+            "deleted the PV of a removed node without cleaning up its storage"
+        );
+        publish(
+            &ctx.recorder,
+            &live.object_ref(&()),
+            true,
+            events::DELETED_NODE_GONE,
+            "Delete",
+            format!("Node {gone} no longer exists (missing for over {grace:?}): deleted the volume without cleaning up its storage, which was on that node"),
+        )
+        .await;
+        return Ok(Done::Deleted);
+    }
+    Ok(Done::Nothing)
 }
 
 trait PreconditionsUid {

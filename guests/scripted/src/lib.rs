@@ -29,8 +29,8 @@ use exports::wasm_provisioner::provisioner::{block_support, deletion_guard, life
 use script::ProvisionScript;
 use wasm_provisioner::provisioner::host;
 use wasm_provisioner::provisioner::types::{
-    Claim, DeleteRequest, HostPathType, LogLevel, Pair, ProvisionError, ProvisionRequest,
-    SpecError, StorageClass, Volume,
+    Claim, DeleteRequest, HostPathType, LogLevel, NodeSelectorOperator, NodeSelectorRequirement,
+    NodeSelectorTerm, Pair, ProvisionError, ProvisionRequest, SpecError, StorageClass, Volume,
 };
 use wasm_provisioner::provisioner::volume_builder::VolumeSpec;
 
@@ -137,6 +137,15 @@ fn describe_volume(
         note(spec.access_modes(&claim.access_modes));
     }
     note(spec.host_path(&host_path, HostPathType::DirectoryOrCreate));
+    if let (true, Some(node)) = (script.pin_to_selected_node, &request.selected_node) {
+        note(spec.node_affinity(&[NodeSelectorTerm {
+            requirements: vec![NodeSelectorRequirement {
+                key: "kubernetes.io/hostname".into(),
+                operator: NodeSelectorOperator::In,
+                values: vec![node.clone()],
+            }],
+        }]));
+    }
     for (key, value) in script.volume_annotations() {
         note(spec.annotation(key, &value));
     }

@@ -23,6 +23,7 @@ const KNOWN_PARAMETERS: &[&str] = &[
     "deleteFail",
     "deleteFailTimes",
     "keep",
+    "pinToSelectedNode",
     "ignoreSpecErrors",
 ];
 
@@ -91,6 +92,9 @@ pub struct ProvisionScript {
     /// `ignoreSpecErrors: "true"`: return the spec even when a builder call was refused, so the
     /// host's check of the finished spec is exercised too.
     pub ignore_spec_errors: bool,
+    /// `pinToSelectedNode: "true"`: pin the volume to the selected node (`kubernetes.io/hostname`),
+    /// as node-local guests do; for the node-deployment tests.
+    pub pin_to_selected_node: bool,
 }
 
 impl ProvisionScript {
@@ -125,6 +129,10 @@ impl ProvisionScript {
                     script.delete_fail_times = Some(value.parse().map_err(|_| invalid("a count"))?);
                 }
                 "keep" => script.keep = parse_bool(value).ok_or_else(|| invalid("a boolean"))?,
+                "pinToSelectedNode" => {
+                    script.pin_to_selected_node =
+                        parse_bool(value).ok_or_else(|| invalid("a boolean"))?;
+                }
                 "ignoreSpecErrors" => {
                     script.ignore_spec_errors =
                         parse_bool(value).ok_or_else(|| invalid("a boolean"))?;
