@@ -72,6 +72,8 @@ impl World {
             .arg(plugins.path())
             .arg("--kubeconfig")
             .arg(cp.provisioner_kubeconfig())
+            // One replica per test: no lease to elect.
+            .arg("--leader-election=false")
             .args([
                 "--retry-interval-start",
                 "300ms",

@@ -97,6 +97,8 @@ impl World {
             .arg(&self.plugins)
             .arg("--kubeconfig")
             .arg(self.cp.provisioner_kubeconfig())
+            // One replica per test: no lease to elect.
+            .arg("--leader-election=false")
             .args([
                 "--retry-interval-start",
                 "500ms",

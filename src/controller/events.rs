@@ -98,6 +98,31 @@ pub async fn publish(
     action: &str,
     note: String,
 ) {
+    publish_inner(recorder, reference, warning, reason, action, note, false).await;
+}
+
+/// [`publish`], returning only once the event is written: for events sent right before the
+/// process exits (a replica releasing its lease on SIGTERM), which a background write would lose.
+pub async fn publish_and_wait(
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    warning: bool,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    publish_inner(recorder, reference, warning, reason, action, note, true).await;
+}
+
+async fn publish_inner(
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    warning: bool,
+    reason: &str,
+    action: &str,
+    note: String,
+    wait: bool,
+) {
     if !super::gate::may_write_now() {
         tracing::debug!(reason, "not publishing: this replica may not write now");
         return;
@@ -162,7 +187,7 @@ pub async fn publish(
     let budget = recorder.budget.clone();
     let client = recorder.client.clone();
     let reason = reason.to_string();
-    tokio::spawn(async move {
+    let write = tokio::spawn(async move {
         budget.acquire().await;
         let result = match repeat {
             None => Api::<Event>::namespaced(client, &namespace)
@@ -181,6 +206,9 @@ pub async fn publish(
             tracing::warn!(%error, reason, "could not publish event");
         }
     });
+    if wait {
+        let _ = write.await;
+    }
 }
 
 /// Cuts `s` to at most `max` bytes (the API server counts bytes), ellipsis included.

@@ -23,7 +23,7 @@ use kube::{Api, Resource};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use super::events::{self, publish};
+use super::events::{self, publish_and_wait};
 
 /// Timing of an election, as the `--leader-election-*` flags give it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -560,7 +560,8 @@ async fn lease_event(
         ("StoppedLeading", format!("{identity} stopped leading"))
     };
     if let Some(reference) = reference {
-        publish(
+        // Awaited: "stopped leading" is sent as the process exits on SIGTERM.
+        publish_and_wait(
             recorder,
             &reference,
             false,
