@@ -318,7 +318,10 @@ impl Cycle {
         }
         let process = Process::spawn(cmd, cp.run_dir().join(format!("provisioner-ops-{tag}.log")))?;
         let class = format!("ops-{tag}");
-        let mut params: BTreeMap<&str, &str> = [("fail", "final"), ("failTimes", "1")].into();
+        // The guest takes 2.5 s, longer than the default 2 s retry period, so every per-claim
+        // lease is renewed (a lease `update`) while its claim is worked on.
+        let mut params: BTreeMap<&str, &str> =
+            [("fail", "final"), ("failTimes", "1"), ("delayMs", "2500")].into();
         if node {
             // Node mode deletes only PVs pinned to the instance's node.
             params.insert("pinToSelectedNode", "true");
