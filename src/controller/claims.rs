@@ -458,7 +458,7 @@ async fn provision(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result
     {
         tracing::info!(pv = %pv_name, "claim deleted while provisioning; deleting the new storage");
         ctx.write_gate().await?;
-        delete_storage(&ctx, &guest, &pv, Some(&class))
+        delete_storage(&guest, &pv, Some(&class))
             .await
             .map_err(|source| ClaimError::Cleanup {
                 pv: pv_name.clone(),
@@ -717,7 +717,7 @@ async fn finish_deleted_claim(
                 &built,
             );
             ctx.write_gate().await?;
-            delete_storage(ctx, &guest, &pv, Some(&class))
+            delete_storage(&guest, &pv, Some(&class))
                 .await
                 .map_err(|source| ClaimError::Cleanup {
                     pv: pv_name.clone(),
@@ -821,11 +821,7 @@ async fn set_finalizer(
     }
     let claims: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default());
-    let patch = if present {
-        json!({ "metadata": { "uid": pvc.metadata.uid, "finalizers": [FINALIZER_CLAIM] } })
-    } else {
-        json!({ "metadata": { "uid": pvc.metadata.uid, "$deleteFromPrimitiveList/finalizers": [FINALIZER_CLAIM] } })
-    };
+    let patch = decide::finalizer_patch(&pvc.metadata.uid, FINALIZER_CLAIM, present);
     ctx.write_gate().await?;
     ctx.api_budget().await;
     match claims
@@ -886,12 +882,10 @@ fn delete_request(
 }
 
 async fn delete_storage(
-    ctx: &Context,
     guest: &Guest,
     pv: &PersistentVolume,
     class: Option<&StorageClass>,
 ) -> Result<(), CallError> {
-    let _ = ctx;
     let request = delete_request(guest, pv, class)?;
     match guest.delete(&request).await {
         Err(CallError::Guest {
@@ -912,7 +906,7 @@ async fn delete_storage_with_retries(
     let mut attempt = 1;
     loop {
         ctx.write_gate().await?;
-        match delete_storage(ctx, guest, pv, class).await {
+        match delete_storage(guest, pv, class).await {
             Ok(()) => return Ok(Ok(())),
             Err(error) if attempt >= attempts => return Ok(Err(error)),
             Err(error) => {

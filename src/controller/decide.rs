@@ -211,6 +211,17 @@ pub fn pv_finalizer_change(pv: &PersistentVolume, finalizer_mode: bool) -> Optio
     }
 }
 
+/// A strategic-merge patch adding or removing one finalizer. It touches only that entry of the
+/// list, so it needs no resourceVersion and never conflicts with other writers; the `uid` makes it
+/// fail on a namesake created since.
+pub fn finalizer_patch(uid: &Option<String>, finalizer: &str, present: bool) -> serde_json::Value {
+    if present {
+        serde_json::json!({ "metadata": { "uid": uid, "finalizers": [finalizer] } })
+    } else {
+        serde_json::json!({ "metadata": { "uid": uid, "$deleteFromPrimitiveList/finalizers": [finalizer] } })
+    }
+}
+
 /// Exponential backoff: `start` doubled per earlier failure, capped at `max`.
 pub fn backoff(failures: u32, start: Duration, max: Duration) -> Duration {
     let shift = failures.saturating_sub(1).min(30);
@@ -505,6 +516,20 @@ mod tests {
             .unwrap()
             .persistent_volume_reclaim_policy = Some("Retain".into());
         assert_eq!(pv_finalizer_change(&retain, true), Some(false));
+    }
+
+    #[test]
+    fn finalizer_patches_touch_only_their_entry() {
+        let uid = Some("u1".to_string());
+        let add = finalizer_patch(&uid, FINALIZER_CLAIM, true);
+        assert_eq!(add["metadata"]["finalizers"][0], FINALIZER_CLAIM);
+        assert_eq!(add["metadata"]["uid"], "u1");
+        let remove = finalizer_patch(&uid, FINALIZER_PV, false);
+        assert_eq!(
+            remove["metadata"]["$deleteFromPrimitiveList/finalizers"][0],
+            FINALIZER_PV
+        );
+        assert!(remove["metadata"].get("finalizers").is_none());
     }
 
     #[test]

@@ -7,7 +7,6 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
 use tracing::{Instrument, info_span};
 
 use super::Context;
@@ -402,11 +401,7 @@ async fn set_pv_finalizer(
 ) -> Result<(), VolumeError> {
     // A strategic-merge patch touches only our entry of the list: no resourceVersion, so no
     // conflict with kube-controller-manager's pv-protection controller writing the same PV.
-    let patch = if present {
-        json!({ "metadata": { "uid": pv.metadata.uid, "finalizers": [FINALIZER_PV] } })
-    } else {
-        json!({ "metadata": { "uid": pv.metadata.uid, "$deleteFromPrimitiveList/finalizers": [FINALIZER_PV] } })
-    };
+    let patch = decide::finalizer_patch(&pv.metadata.uid, FINALIZER_PV, present);
     ctx.write_gate().await?;
     ctx.api_budget().await;
     match pvs
