@@ -7,7 +7,8 @@
 //! * memory: the provisioner's RSS once its caches hold M claims and M PVs with three guests;
 //! * start-up: process start to "controller started".
 //!
-//! `WP_BENCH_CLAIMS` (default 1000) and `WP_BENCH_OBJECTS` (default 10000) size the runs.
+//! `WP_BENCH_CLAIMS` (default 1000) and `WP_BENCH_OBJECTS` (default 10000) size the runs;
+//! `WP_BENCH_PARTS` (default `throughput,memory`) picks the parts.
 //! Nothing is asserted; figures go to stdout.
 
 #[path = "../tests/common/mod.rs"]
@@ -409,6 +410,8 @@ async fn memory_run(
 async fn main() -> anyhow::Result<()> {
     let n = env_usize("WP_BENCH_CLAIMS", 1000);
     let m = env_usize("WP_BENCH_OBJECTS", 10_000);
+    let parts = std::env::var("WP_BENCH_PARTS").unwrap_or_else(|_| "throughput,memory".into());
+    let part = |name: &str| parts.split(',').any(|p| p.trim() == name);
     common::guest_wasm("hostpath");
     let cp = ControlPlane::start().await?;
     let admin = cp.admin_client().await?;
@@ -419,6 +422,16 @@ async fn main() -> anyhow::Result<()> {
             .unwrap_or(1),
         uname()
     );
+    if part("throughput") {
+        throughput(&cp, &admin, n).await?;
+    }
+    if part("memory") {
+        memory(&cp, &admin, m).await?;
+    }
+    Ok(())
+}
+
+async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Result<()> {
     println!(
         "\nthroughput: {n} claims, hostpath guest, kube-apiserver/kube-controller-manager v1.20.2 on loopback\n"
     );
@@ -428,8 +441,8 @@ async fn main() -> anyhow::Result<()> {
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut calls = Vec::new();
     for (i, profile) in PROFILES.iter().enumerate() {
-        let (raw_create, raw_delete) = raw_rate(&admin, n, profile, &i.to_string()).await?;
-        let run = provision_run(&cp, &admin, n, profile, &i.to_string()).await?;
+        let (raw_create, raw_delete) = raw_rate(admin, n, profile, &i.to_string()).await?;
+        let run = provision_run(cp, admin, n, profile, &i.to_string()).await?;
         let (rc, rd) = (rate(n, raw_create), rate(n, raw_delete));
         let (pc, pd) = (rate(n, run.pvs_exist), rate(n, run.all_gone));
         println!(
@@ -448,7 +461,11 @@ async fn main() -> anyhow::Result<()> {
         let list: Vec<String> = calls.iter().map(|(k, v)| format!("{k} {v:.2}")).collect();
         println!("- {profile}: {}", list.join(", "));
     }
-    let (rss, ready, warm, settled) = memory_run(&cp, &admin, m).await?;
+    Ok(())
+}
+
+async fn memory(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<()> {
+    let (rss, ready, warm, settled) = memory_run(cp, admin, m).await?;
     println!(
         "\nmemory and start-up: {m} claims + {m} PVs in the API server, three guests loaded\n"
     );

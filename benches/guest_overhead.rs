@@ -13,6 +13,7 @@ use wasm_provisioner::wasm::bindings::types::{
     AccessMode, HostPathType, NodeSelectorOperator, NodeSelectorRequirement, NodeSelectorTerm,
     ProvisionRequest, ReclaimPolicy,
 };
+use wasm_provisioner::wasm::executor::ExecutorOptions;
 use wasm_provisioner::wasm::runtime::{EngineOptions, Pooling};
 use wasm_provisioner::wasm::spec::{BuiltVolume, VolumeSpecBuilder};
 use wasm_provisioner::wasm::{Grants, WasmEngine, load_dir};
@@ -78,20 +79,28 @@ fn main() {
     );
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let mut guests = Vec::new();
-    for pooling in [Pooling::Off, Pooling::On] {
+    // What `run` uses (pooling, guest threads at a lower priority) and the two allocators alone.
+    for (pooling, executor) in [
+        (Pooling::Off, None),
+        (Pooling::On, None),
+        (Pooling::On, Some(ExecutorOptions::default())),
+    ] {
         let engine = WasmEngine::with_options(&EngineOptions {
             pooling,
             module_cache: None,
+            executor,
         })
         .expect("engine");
         let loaded = load_dir(&engine, plugins.path()).unwrap();
-        guests.push((
-            pooling,
-            engine.pooling(),
-            loaded.for_provisioner(PROVISIONER).unwrap().clone(),
-        ));
+        let label = match (pooling, engine.pooling(), executor.is_some()) {
+            (Pooling::On, true, false) => "wasm host, pooling allocator",
+            (Pooling::On, true, true) => "wasm host, pooling, on the guest threads (as `run`)",
+            (Pooling::On, false, _) => "wasm host, pooling unavailable (on-demand)",
+            _ => "wasm host, on-demand allocation",
+        };
+        guests.push((label, loaded.for_provisioner(PROVISIONER).unwrap().clone()));
     }
-    let grants = guests[0].2.grants().clone();
+    let grants = guests[0].1.grants().clone();
 
     let mut claim = common::claim("bench");
     claim.access_modes = vec![AccessMode::ReadWriteOnce];
@@ -101,7 +110,7 @@ fn main() {
 
     // Warm up every path (first directory creation, caches, lazy init).
     for _ in 0..50 {
-        for (_, _, guest) in &guests {
+        for (_, guest) in &guests {
             runtime.block_on(guest.provision(&request)).unwrap();
         }
         native_provision(&request, &grants, storage.path());
@@ -110,7 +119,7 @@ fn main() {
     let mut native = Vec::with_capacity(iterations);
     for _ in 0..iterations {
         // Interleave so every path sees the same machine noise.
-        for (i, (_, _, guest)) in guests.iter().enumerate() {
+        for (i, (_, guest)) in guests.iter().enumerate() {
             let t = Instant::now();
             let built = runtime.block_on(guest.provision(&request)).unwrap();
             wasm[i].push(t.elapsed());
@@ -125,13 +134,8 @@ fn main() {
     println!("guest overhead: hostpath provision, {iterations} calls per path, interleaved");
     println!("| path | median µs | p99 µs | median / native | p99 / native |");
     println!("|---|---:|---:|---:|---:|");
-    for ((asked, pooled, _), samples) in guests.iter().zip(wasm) {
+    for ((label, _), samples) in guests.iter().zip(wasm) {
         let (median, p99) = summarize(samples);
-        let label = match (asked, pooled) {
-            (Pooling::On, true) => "wasm host, pooling allocator",
-            (Pooling::On, false) => "wasm host, pooling unavailable (on-demand)",
-            _ => "wasm host, on-demand allocation",
-        };
         println!(
             "| {label} (fresh instance per call) | {median:.1} | {p99:.1} | {:.2}× | {:.2}× |",
             median / native_median,

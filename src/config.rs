@@ -146,6 +146,13 @@ pub struct RunArgs {
     /// Instance allocation: `auto` uses the pooling allocator when the address space allows it.
     #[arg(long, value_enum, default_value_t = crate::wasm::Pooling::Auto)]
     pub pooling: crate::wasm::Pooling,
+    /// Threads that run guest code, apart from the controller's own (default: one per CPU).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub guest_threads: Option<u16>,
+    /// How much nicer (lower CPU priority) guest threads are than the controller, 0..=19: a
+    /// guest spinning until its deadline then never delays watches, reconciles or lease renewals.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i32).range(0..=19))]
+    pub guest_nice: i32,
     /// Full rescan of the plugins directory this often, on top of file-change events.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub plugins_rescan_interval: Duration,
@@ -314,6 +321,13 @@ impl RunArgs {
         crate::wasm::EngineOptions {
             pooling: self.pooling,
             module_cache: self.module_cache.clone(),
+            executor: Some(crate::wasm::executor::ExecutorOptions {
+                threads: self.guest_threads.map_or_else(
+                    || crate::wasm::executor::ExecutorOptions::default().threads,
+                    usize::from,
+                ),
+                nice: self.guest_nice,
+            }),
         }
     }
 

@@ -18,11 +18,10 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::json;
 use wp_harness::{ControlPlane, Process, wait_for};
 
-use common::{PluginsDir, guest_wasm};
+use common::PluginsDir;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -970,86 +969,33 @@ async fn sigterm_lets_in_flight_work_finish(cp: Arc<ControlPlane>) -> anyhow::Re
     Ok(())
 }
 
-type TestFn = fn(
-    Arc<ControlPlane>,
-)
-    -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;
-
-macro_rules! tests {
-    ($($name:ident),* $(,)?) => {
-        vec![$((stringify!($name), (|cp| Box::pin($name(cp))) as TestFn)),*]
-    };
-}
-
 fn main() -> std::process::ExitCode {
-    let args = Arguments::from_args();
-    let tests: Vec<(&str, TestFn)> = tests![
-        provision_binds_claim_with_the_right_fields,
-        deleting_the_claim_deletes_pv_and_storage,
-        retain_keeps_the_released_pv_and_storage,
-        a_class_created_after_its_claim_is_provisioned_once,
-        final_failures_stop_at_the_threshold_even_across_resyncs,
-        transient_failures_are_retried_until_success,
-        a_denied_pv_create_cleans_up_the_storage,
-        a_claim_deleted_while_the_guest_works_leaves_nothing,
-        killed_between_guest_and_pv_create_ends_with_one_pv,
-        killed_then_claim_deleted_while_down_leaves_no_storage,
-        claims_with_the_same_name_over_time_get_their_own_volumes,
-        claims_for_other_provisioners_are_never_touched,
-        wait_for_first_consumer_waits_for_the_selected_node,
-        reschedule_drops_the_selected_node,
-        in_background_is_called_again_without_counting,
-        block_claims_need_a_guest_that_supports_block,
-        block_claims_are_provisioned_by_guests_that_support_block,
-        a_failed_delete_is_reported_and_retried,
-        guest_hooks_decide_last,
-        pv_finalizer_mode_guards_the_volume_until_storage_is_gone,
-        sigterm_lets_in_flight_work_finish,
-    ];
-    let selected: Vec<_> = tests
-        .iter()
-        .filter(|(name, _)| args.filter.as_deref().is_none_or(|f| name.contains(f)))
-        .collect();
-    if args.list || selected.is_empty() {
-        let trials = tests
-            .iter()
-            .map(|(name, _)| Trial::test(*name, || Ok(())))
-            .collect();
-        return libtest_mimic::run(&args, trials).exit_code();
-    }
-    guest_wasm("hostpath");
-    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let cp = match runtime.block_on(ControlPlane::start()) {
-        Ok(cp) => Arc::new(cp),
-        Err(error) => {
-            eprintln!("cannot start the control plane: {error:#}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let trials = tests
-        .into_iter()
-        .map(|(name, test)| {
-            let cp = cp.clone();
-            Trial::test(name, move || {
-                let runtime =
-                    tokio::runtime::Runtime::new().map_err(|e| Failed::from(e.to_string()))?;
-                runtime
-                    .block_on(async move {
-                        tokio::time::timeout(Duration::from_secs(180), test(cp)).await
-                    })
-                    .map_err(|_| Failed::from("timed out after 180 s"))?
-                    .map_err(|e| Failed::from(format!("{e:#}")))
-            })
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    if conclusion.has_failed() {
-        cp.mark_failed();
-        eprintln!(
-            "some end-to-end tests failed; provisioner and control-plane logs are in {} (kept with WP_KEEP_RUN_DIR=1)",
-            cp.run_dir().display()
-        );
-    }
-    drop(cp);
-    conclusion.exit_code()
+    common::suite::run(
+        "end-to-end",
+        &["hostpath"],
+        Duration::from_secs(180),
+        e2e_tests![
+            provision_binds_claim_with_the_right_fields,
+            deleting_the_claim_deletes_pv_and_storage,
+            retain_keeps_the_released_pv_and_storage,
+            a_class_created_after_its_claim_is_provisioned_once,
+            final_failures_stop_at_the_threshold_even_across_resyncs,
+            transient_failures_are_retried_until_success,
+            a_denied_pv_create_cleans_up_the_storage,
+            a_claim_deleted_while_the_guest_works_leaves_nothing,
+            killed_between_guest_and_pv_create_ends_with_one_pv,
+            killed_then_claim_deleted_while_down_leaves_no_storage,
+            claims_with_the_same_name_over_time_get_their_own_volumes,
+            claims_for_other_provisioners_are_never_touched,
+            wait_for_first_consumer_waits_for_the_selected_node,
+            reschedule_drops_the_selected_node,
+            in_background_is_called_again_without_counting,
+            block_claims_need_a_guest_that_supports_block,
+            block_claims_are_provisioned_by_guests_that_support_block,
+            a_failed_delete_is_reported_and_retried,
+            guest_hooks_decide_last,
+            pv_finalizer_mode_guards_the_volume_until_storage_is_gone,
+            sigterm_lets_in_flight_work_finish,
+        ],
+    )
 }

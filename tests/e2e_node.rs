@@ -18,11 +18,10 @@ use k8s_openapi::api::core::v1::{Event, Namespace, Node, PersistentVolume, Persi
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::json;
 use wp_harness::{ControlPlane, Process, wait_for};
 
-use common::{PluginsDir, dir_grant, guest_wasm};
+use common::{PluginsDir, dir_grant};
 
 const WAIT: Duration = Duration::from_secs(60);
 const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
@@ -574,72 +573,18 @@ async fn a_mistyped_node_name_stops_the_instance(cp: Arc<ControlPlane>) -> anyho
     Ok(())
 }
 
-type TestFn = fn(
-    Arc<ControlPlane>,
-)
-    -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;
-
-macro_rules! tests {
-    ($($name:ident),* $(,)?) => {
-        vec![$((stringify!($name), (|cp| Box::pin($name(cp))) as TestFn)),*]
-    };
-}
-
 fn main() -> std::process::ExitCode {
-    let args = Arguments::from_args();
-    let tests: Vec<(&str, TestFn)> = tests![
-        claims_are_provisioned_and_deleted_on_their_own_node,
-        an_immediate_claim_is_provisioned_exactly_once,
-        a_removed_nodes_volume_is_deleted_with_an_event,
-        a_mistyped_node_name_stops_the_instance,
-        a_claim_deleted_mid_provision_is_finished_by_its_node_only,
-        simultaneous_competitors_still_pick_once,
-    ];
-    let selected: Vec<_> = tests
-        .iter()
-        .filter(|(name, _)| args.filter.as_deref().is_none_or(|f| name.contains(f)))
-        .collect();
-    if args.list || selected.is_empty() {
-        let trials = tests
-            .iter()
-            .map(|(name, _)| Trial::test(*name, || Ok(())))
-            .collect();
-        return libtest_mimic::run(&args, trials).exit_code();
-    }
-    guest_wasm("hostpath");
-    guest_wasm("scripted");
-    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let cp = match runtime.block_on(ControlPlane::start()) {
-        Ok(cp) => Arc::new(cp),
-        Err(error) => {
-            eprintln!("cannot start the control plane: {error:#}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let trials = tests
-        .into_iter()
-        .map(|(name, test)| {
-            let cp = cp.clone();
-            Trial::test(name, move || {
-                let runtime =
-                    tokio::runtime::Runtime::new().map_err(|e| Failed::from(e.to_string()))?;
-                runtime
-                    .block_on(async move {
-                        tokio::time::timeout(Duration::from_secs(180), test(cp)).await
-                    })
-                    .map_err(|_| Failed::from("timed out after 180 s"))?
-                    .map_err(|e| Failed::from(format!("{e:#}")))
-            })
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    if conclusion.has_failed() {
-        cp.mark_failed();
-        eprintln!(
-            "some node-deployment tests failed; provisioner and control-plane logs are in {} (kept with WP_KEEP_RUN_DIR=1)",
-            cp.run_dir().display()
-        );
-    }
-    drop(cp);
-    conclusion.exit_code()
+    common::suite::run(
+        "node-deployment",
+        &["hostpath", "scripted"],
+        Duration::from_secs(180),
+        e2e_tests![
+            claims_are_provisioned_and_deleted_on_their_own_node,
+            an_immediate_claim_is_provisioned_exactly_once,
+            a_removed_nodes_volume_is_deleted_with_an_event,
+            a_mistyped_node_name_stops_the_instance,
+            a_claim_deleted_mid_provision_is_finished_by_its_node_only,
+            simultaneous_competitors_still_pick_once,
+        ],
+    )
 }

@@ -17,11 +17,10 @@ use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeCl
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::json;
 use wp_harness::{ControlPlane, Process, wait_for};
 
-use common::{PluginsDir, guest_wasm, shipped_grant};
+use common::{PluginsDir, shipped_grant};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -380,69 +379,16 @@ async fn nfs_subdir_sub_folders_retain_and_delete_after_the_class_is_gone(
     Ok(())
 }
 
-type TestFn = fn(
-    Arc<ControlPlane>,
-)
-    -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;
-
-macro_rules! tests {
-    ($($name:ident),* $(,)?) => {
-        vec![$((stringify!($name), (|cp| Box::pin($name(cp))) as TestFn)),*]
-    };
-}
-
 fn main() -> std::process::ExitCode {
-    let args = Arguments::from_args();
-    let tests: Vec<(&str, TestFn)> = tests![
-        local_path_binds_on_the_selected_node_and_deletes_the_directory,
-        local_path_local_volumes_and_a_gone_node,
-        nfs_subdir_binds_with_an_nfs_source_and_archives,
-        nfs_subdir_sub_folders_retain_and_delete_after_the_class_is_gone,
-    ];
-    let selected: Vec<_> = tests
-        .iter()
-        .filter(|(name, _)| args.filter.as_deref().is_none_or(|f| name.contains(f)))
-        .collect();
-    if args.list || selected.is_empty() {
-        let trials = tests
-            .iter()
-            .map(|(name, _)| Trial::test(*name, || Ok(())))
-            .collect();
-        return libtest_mimic::run(&args, trials).exit_code();
-    }
-    guest_wasm("local_path");
-    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let cp = match runtime.block_on(ControlPlane::start()) {
-        Ok(cp) => Arc::new(cp),
-        Err(error) => {
-            eprintln!("cannot start the control plane: {error:#}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let trials = tests
-        .into_iter()
-        .map(|(name, test)| {
-            let cp = cp.clone();
-            Trial::test(name, move || {
-                let runtime =
-                    tokio::runtime::Runtime::new().map_err(|e| Failed::from(e.to_string()))?;
-                runtime
-                    .block_on(async move {
-                        tokio::time::timeout(Duration::from_secs(180), test(cp)).await
-                    })
-                    .map_err(|_| Failed::from("timed out after 180 s"))?
-                    .map_err(|e| Failed::from(format!("{e:#}")))
-            })
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    if conclusion.has_failed() {
-        cp.mark_failed();
-        eprintln!(
-            "some end-to-end tests failed; provisioner and control-plane logs are in {} (kept with WP_KEEP_RUN_DIR=1)",
-            cp.run_dir().display()
-        );
-    }
-    drop(cp);
-    conclusion.exit_code()
+    common::suite::run(
+        "sample-guest end-to-end",
+        &["local_path"],
+        Duration::from_secs(180),
+        e2e_tests![
+            local_path_binds_on_the_selected_node_and_deletes_the_directory,
+            local_path_local_volumes_and_a_gone_node,
+            nfs_subdir_binds_with_an_nfs_source_and_archives,
+            nfs_subdir_sub_folders_retain_and_delete_after_the_class_is_gone,
+        ],
+    )
 }

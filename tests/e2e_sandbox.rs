@@ -10,11 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
-use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
-use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::json;
 use wp_harness::{ControlPlane, Process, wait_for};
 
@@ -221,9 +220,10 @@ fn median(mut samples: Vec<Duration>) -> Duration {
 
 async fn a_misbehaving_guest_never_slows_the_others(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
     let mut w = World::new(cp, "attack").await?;
-    // The untrusted guest gets one call at a time, well below the worker count, so it can never
-    // hold every reconcile worker.
-    let attack_limits = "memory-mib = 32\nmax-concurrency = 1";
+    // Four calls at a time, below the worker count (8) so it can never hold every reconcile
+    // worker, but twice the machine's cores: four spinning calls would take both CPUs from the
+    // control plane and the controller if guest threads did not run at a lower priority.
+    let attack_limits = "memory-mib = 32\nmax-concurrency = 4";
     w.install("attack", "attack", attack_limits)?;
     std::fs::write(
         w.plugins.join("attack.toml"),
@@ -267,6 +267,12 @@ async fn a_misbehaving_guest_never_slows_the_others(cp: Arc<ControlPlane>) -> an
             .await?;
         let uid = w.create_claim(&format!("attack-{attack}"), &class).await?;
         attack_claims.push((attack, uid, expect));
+        if *attack == "spin" {
+            // Every concurrency slot spinning until its deadline, over and over (retries).
+            for i in 0..3 {
+                w.create_claim(&format!("spin-extra-{i}"), &class).await?;
+            }
+        }
     }
     let mut during = Vec::new();
     for i in 0..4 {
@@ -328,14 +334,24 @@ async fn plugins_change_under_a_running_controller(cp: Arc<ControlPlane>) -> any
     w.install("live", "attack", limits)?;
     w.start(&[])?;
     let class = w.create_class("live", "live", &[]).await?;
-    w.time_to_bound("first", &class).await?;
+    let first_uid = w.create_claim("first", &class).await?;
+    w.wait_bound("first").await?;
 
-    // Removed: the next claim waits with an event, and goes ahead once the guest is back.
+    // Removed: the next claim waits with an event, and goes ahead once the guest is back; so
+    // does the deletion of a released volume.
     std::fs::remove_file(w.plugins.join("live.wasm"))?;
     wait_for("unload logged", WAIT, || async {
         Ok(w.log().contains("plugin unloaded").then_some(()))
     })
     .await?;
+    let pvs: Api<PersistentVolume> = Api::all(w.admin.clone());
+    let released = format!("pvc-{first_uid}");
+    w.claims().delete("first", &Default::default()).await?;
+    let released_uid = pvs.get(&released).await?.metadata.uid.unwrap_or_default();
+    let message = w
+        .wait_event(&released_uid, "WaitingForGuest", &[&w.provisioner("live")])
+        .await?;
+    println!("released while unloaded: {message}");
     let uid = w.create_claim("waiting", &class).await?;
     let message = w
         .wait_event(&uid, "WaitingForGuest", &[&w.provisioner("live")])
@@ -359,6 +375,11 @@ async fn plugins_change_under_a_running_controller(cp: Arc<ControlPlane>) -> any
         "guest back: waiting claim Bound {:?} after the file returned",
         back.elapsed()
     );
+    wait_for("the released volume deleted", WAIT, || async {
+        Ok(pvs.get_opt(&released).await?.is_none().then_some(()))
+    })
+    .await
+    .with_context(|| w.log())?;
 
     // A broken new version is refused and the old one keeps serving.
     std::fs::write(
@@ -382,67 +403,14 @@ async fn plugins_change_under_a_running_controller(cp: Arc<ControlPlane>) -> any
     Ok(())
 }
 
-type TestFn = fn(
-    Arc<ControlPlane>,
-)
-    -> std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;
-
-macro_rules! tests {
-    ($($name:ident),* $(,)?) => {
-        vec![$((stringify!($name), (|cp| Box::pin($name(cp))) as TestFn)),*]
-    };
-}
-
 fn main() -> std::process::ExitCode {
-    let args = Arguments::from_args();
-    let tests: Vec<(&str, TestFn)> = tests![
-        a_misbehaving_guest_never_slows_the_others,
-        plugins_change_under_a_running_controller,
-    ];
-    let selected: Vec<_> = tests
-        .iter()
-        .filter(|(name, _)| args.filter.as_deref().is_none_or(|f| name.contains(f)))
-        .collect();
-    if args.list || selected.is_empty() {
-        let trials = tests
-            .iter()
-            .map(|(name, _)| Trial::test(*name, || Ok(())))
-            .collect();
-        return libtest_mimic::run(&args, trials).exit_code();
-    }
-    guest_wasm("attack");
-    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let cp = match runtime.block_on(ControlPlane::start()) {
-        Ok(cp) => Arc::new(cp),
-        Err(error) => {
-            eprintln!("cannot start the control plane: {error:#}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let trials = tests
-        .into_iter()
-        .map(|(name, test)| {
-            let cp = cp.clone();
-            Trial::test(name, move || {
-                let runtime =
-                    tokio::runtime::Runtime::new().map_err(|e| Failed::from(e.to_string()))?;
-                runtime
-                    .block_on(async move {
-                        tokio::time::timeout(Duration::from_secs(240), test(cp)).await
-                    })
-                    .map_err(|_| Failed::from("timed out after 240 s"))?
-                    .map_err(|e| Failed::from(format!("{e:#}")))
-            })
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    if conclusion.has_failed() {
-        cp.mark_failed();
-        eprintln!(
-            "some sandbox end-to-end tests failed; logs are in {} (kept with WP_KEEP_RUN_DIR=1)",
-            cp.run_dir().display()
-        );
-    }
-    drop(cp);
-    conclusion.exit_code()
+    common::suite::run(
+        "sandbox end-to-end",
+        &["attack"],
+        Duration::from_secs(240),
+        e2e_tests![
+            a_misbehaving_guest_never_slows_the_others,
+            plugins_change_under_a_running_controller,
+        ],
+    )
 }

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
+use wasm_provisioner::wasm::executor::ExecutorOptions;
 use wasm_provisioner::wasm::reload::{self, Loader, WatchOptions};
 use wasm_provisioner::wasm::{
     Availability, CallError, EngineOptions, FaultKind, Guest, Plugins, Pooling, WasmEngine,
@@ -90,7 +91,12 @@ async fn every_attack_is_contained_and_the_other_guest_keeps_serving() {
         "hostpath",
         &dir_grant(GOOD, &good_dir, "/volumes", ""),
     );
-    let engine = WasmEngine::new().unwrap();
+    // As `run` builds it: guest code on threads of its own, at a lower priority.
+    let engine = WasmEngine::with_options(&EngineOptions {
+        executor: Some(ExecutorOptions::default()),
+        ..EngineOptions::default()
+    })
+    .unwrap();
     println!("pooling allocator: {}", engine.pooling());
     let loaded = load_dir(&engine, plugins.path()).unwrap();
     assert!(loaded.problems.is_empty(), "{:?}", loaded.problems);
@@ -247,6 +253,7 @@ fn the_module_cache_makes_warm_starts_fast_and_never_fails() {
     let options = EngineOptions {
         pooling: Pooling::Auto,
         module_cache: Some(cache_dir.path().to_owned()),
+        executor: None,
     };
     let start = |label: &str| {
         let started = Instant::now();
@@ -312,6 +319,7 @@ fn precompiled_artifacts_in_the_plugins_directory_are_refused() {
     let options = EngineOptions {
         pooling: Pooling::Off,
         module_cache: Some(plugins.path().join("cache")),
+        executor: None,
     };
     let engine = WasmEngine::with_options(&options).unwrap();
     let err = engine

@@ -306,10 +306,7 @@ async fn provision(pvc: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result
     let decision = decide::should_provision(&pvc, |p| serving(&plugins, p), class.as_deref());
     let (provisioner, class_name) = match decision {
         ClaimDecision::GuestGone(provisioner) => {
-            let why = match plugins.availability(provisioner) {
-                Availability::Unavailable(why) => why.to_string(),
-                _ => "it is not loaded".to_string(),
-            };
+            let why = plugins.why_not_served(provisioner);
             publish(
                 &ctx.recorder,
                 &pvc.object_ref(&()),
@@ -684,13 +681,26 @@ async fn finish_deleted_claim(
         .unwrap_or_default()
         .to_string();
     let class_name = decide::claim_class(pvc).unwrap_or_default().to_string();
-    let (Some(guest), Some(class)) = (
-        plugins.for_provisioner(&provisioner).cloned(),
-        ctx.class(&class_name),
-    ) else {
+    let Some(guest) = plugins.for_provisioner(&provisioner).cloned() else {
+        // Our finalizer says this claim is ours and only its guest can clean up: wait for it
+        // (a plugins reload re-runs every claim) rather than fail.
+        let why = plugins.why_not_served(&provisioner);
+        publish(
+            &ctx.recorder,
+            &pvc.object_ref(&()),
+            true,
+            events::WAITING_FOR_GUEST,
+            "Delete",
+            format!(
+                "No guest serves {provisioner} right now ({why}); the storage of this deleted claim is cleaned up once a guest for it is loaded again"
+            ),
+        )
+        .await;
+        return Ok(Done::Nothing);
+    };
+    let Some(class) = ctx.class(&class_name) else {
         let error = ClaimError::ClassNotFound(format!(
-            "{class_name} (needed to clean up storage of the deleted claim; guest for {provisioner:?} loaded: {})",
-            plugins.serves(&provisioner)
+            "{class_name} (needed to clean up storage of the deleted claim)"
         ));
         warn_claim(
             ctx,

@@ -226,6 +226,7 @@ pub async fn run_watching(
     let class_api: Api<StorageClass> = Api::all(client.clone());
     let class_watch = watcher(class_api.clone(), watcher::Config::default())
         .default_backoff()
+        .modify(slim)
         .reflect(class_writer)
         .for_each(|event| {
             if let Err(error) = event {
@@ -238,13 +239,15 @@ pub async fn run_watching(
     let pv_api: Api<PersistentVolume> = Api::all(client.clone());
     let pvc_api: Api<PersistentVolumeClaim> = Api::all(client.clone());
     let controller_config = ControllerConfig::default().concurrency(settings.worker_threads);
+    let (volumes, volume_writer) = reflector::store::<PersistentVolume>();
     let volume_controller =
-        Controller::new(pv_api, watcher::Config::default()).with_config(controller_config.clone());
-    let volumes = volume_controller.store();
+        Controller::for_stream(slim_watch(pv_api, volume_writer), volumes.clone())
+            .with_config(controller_config.clone());
     let volumes_ready = volumes.clone();
+    let (claims, claim_writer) = reflector::store::<PersistentVolumeClaim>();
     let claim_controller =
-        Controller::new(pvc_api, watcher::Config::default()).with_config(controller_config);
-    let claims = claim_controller.store();
+        Controller::for_stream(slim_watch(pvc_api, claim_writer), claims.clone())
+            .with_config(controller_config);
 
     let recorder = events::Recorder::new(
         client.clone(),
@@ -529,4 +532,89 @@ fn resync_ticks(period: Duration) -> impl futures::Stream<Item = ()> + Send + 's
             Some(((), interval))
         },
     )
+}
+
+/// The watch behind a controller's cache, with every object slimmed before it is stored.
+fn slim_watch<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(slim)
+        .reflect(writer)
+        .applied_objects()
+}
+
+/// Annotation `kubectl apply` keeps: a second copy of the whole object as the user wrote it.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what the controller never reads from a cached object: managed fields (a JSON tree per
+/// writer, often larger than the object itself) and kubectl's last-applied copy. Every write the
+/// controller makes is a patch, so nothing it sends back is derived from the dropped parts.
+pub fn slim<K: kube::Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
+
+    #[test]
+    fn slim_keeps_what_decisions_read() {
+        let mut claim = PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some("data".into()),
+                uid: Some("u1".into()),
+                finalizers: Some(vec!["wasm-provisioner.dev/provisioning".into()]),
+                annotations: Some(
+                    [
+                        (LAST_APPLIED.to_string(), "{\"big\":true}".to_string()),
+                        (
+                            "volume.beta.kubernetes.io/storage-provisioner".to_string(),
+                            "example.com/hostpath".to_string(),
+                        ),
+                    ]
+                    .into(),
+                ),
+                managed_fields: Some(vec![ManagedFieldsEntry {
+                    manager: Some("kubectl".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let before = claim.clone();
+        slim(&mut claim);
+        assert_eq!(claim.metadata.managed_fields, None);
+        let annotations = claim
+            .metadata
+            .annotations
+            .as_ref()
+            .expect("annotations kept");
+        assert_eq!(annotations.len(), 1);
+        assert_eq!(
+            annotations["volume.beta.kubernetes.io/storage-provisioner"],
+            "example.com/hostpath"
+        );
+        assert_eq!(claim.metadata.name, before.metadata.name);
+        assert_eq!(claim.metadata.uid, before.metadata.uid);
+        assert_eq!(claim.metadata.finalizers, before.metadata.finalizers);
+        assert_eq!(claim.spec, before.spec);
+    }
 }

@@ -16,9 +16,9 @@ use super::failures::fingerprint;
 use super::gate::{self, GateError, LockKey};
 use super::node::{self, VolumeOwner};
 use crate::metrics::Queue;
-use crate::wasm::CallError;
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
 use crate::wasm::convert::{self, ConvertError};
+use crate::wasm::{Availability, CallError, Plugins};
 
 /// Why a volume reconcile did not finish.
 #[derive(Debug, thiserror::Error)]
@@ -207,6 +207,7 @@ async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Done, Vo
     let Some(provisioner) =
         decide::should_delete(&pv, |p| plugins.serves(p), ctx.settings.add_pv_finalizer)
     else {
+        wait_for_guest(&ctx, &pv, &plugins).await;
         return Ok(Done::Nothing);
     };
     let guest = plugins
@@ -416,4 +417,26 @@ async fn set_pv_finalizer(
         Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
         Err(error) => Err(error.into()),
     }
+}
+
+/// A volume that would be deleted if its guest were loaded gets an event saying it waits; a
+/// plugins reload re-runs every volume, so it is deleted once the guest is back.
+async fn wait_for_guest(ctx: &Context, pv: &PersistentVolume, plugins: &Plugins) {
+    let unavailable = |p: &str| matches!(plugins.availability(p), Availability::Unavailable(_));
+    let Some(provisioner) = decide::should_delete(pv, unavailable, ctx.settings.add_pv_finalizer)
+    else {
+        return;
+    };
+    let why = plugins.why_not_served(provisioner);
+    publish(
+        &ctx.recorder,
+        &pv.object_ref(&()),
+        true,
+        events::WAITING_FOR_GUEST,
+        "Delete",
+        format!(
+            "No guest serves {provisioner} right now ({why}); the volume's storage is deleted once a guest for it is loaded again"
+        ),
+    )
+    .await;
 }

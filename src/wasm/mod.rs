@@ -4,6 +4,7 @@ pub mod bindings;
 pub mod cache;
 pub mod contract;
 pub mod convert;
+pub mod executor;
 pub mod grants;
 pub mod host;
 pub mod output;

@@ -91,6 +91,14 @@ impl Plugins {
         }
     }
 
+    /// Why no guest serves `provisioner`, for events: what unloaded or refused it, if known.
+    pub fn why_not_served(&self, provisioner: &str) -> String {
+        match self.availability(provisioner) {
+            Availability::Unavailable(why) => why.to_string(),
+            Availability::Served | Availability::Unknown => "it is not loaded".to_string(),
+        }
+    }
+
     /// Every served provisioner name with its guest.
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Arc<Guest>)> {
         self.guests.iter()

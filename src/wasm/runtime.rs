@@ -25,6 +25,7 @@ use super::bindings::types::{
 use super::bindings::{ProvisionerFull, block_support, deletion_guard, lifecycle, qualifier};
 use super::cache::{CacheError, ModuleCache};
 use super::contract::{ContractError, ContractInfo, Hook};
+use super::executor::{ExecutorOptions, GuestExecutor};
 use super::grants::{DirAccess, Grants};
 use super::host::GuestState;
 use super::output::BoundedOutput;
@@ -181,6 +182,9 @@ pub struct EngineOptions {
     pub pooling: Pooling,
     /// Directory of the compiled-module cache; none disables it.
     pub module_cache: Option<PathBuf>,
+    /// Threads of their own (at a lower priority) for guest code; none runs calls on the
+    /// caller's runtime.
+    pub executor: Option<ExecutorOptions>,
 }
 
 /// One engine and linker for all guests, with the epoch ticker that drives deadlines.
@@ -192,6 +196,7 @@ pub struct WasmEngine {
     /// Instance slots when pooling: every call holds one, so the pool is never exhausted.
     pool_slots: Option<Arc<Semaphore>>,
     cache: Option<Arc<ModuleCache>>,
+    executor: Option<GuestExecutor>,
 }
 
 fn base_config() -> Config {
@@ -264,12 +269,18 @@ impl WasmEngine {
                 }
             })
             .map_err(|e| LoadError::Engine(e.to_string()))?;
+        let executor = options
+            .executor
+            .map(GuestExecutor::new)
+            .transpose()
+            .map_err(|e| LoadError::Engine(format!("cannot start the guest threads: {e}")))?;
         Ok(WasmEngine {
             engine,
             linker: Arc::new(linker),
             metrics: None,
             pool_slots: pooled.then(|| Arc::new(Semaphore::new(POOL_INSTANCES as usize))),
             cache,
+            executor,
         })
     }
 
@@ -380,14 +391,15 @@ impl WasmEngine {
             pool_slots: self.pool_slots.clone(),
             semaphore: Arc::new(Semaphore::new(grants.max_concurrency)),
             grants: Arc::new(grants),
-            sha256,
-            contract,
+            sha256: sha256.into(),
+            contract: Arc::new(contract),
             pre,
             lifecycle,
             qualifier,
             deletion_guard,
             block_support,
             metrics: self.metrics.clone(),
+            executor: self.executor.clone(),
         })
     }
 }
@@ -399,12 +411,13 @@ fn read_module(path: &Path) -> Result<Vec<u8>, LoadError> {
     })
 }
 
-/// A compiled, linked guest with its grants. Cheap to share; every call is independent.
+/// A compiled, linked guest with its grants. Cheap to clone; every call is independent.
+#[derive(Clone)]
 pub struct Guest {
     name: Arc<str>,
     grants: Arc<Grants>,
-    sha256: String,
-    contract: ContractInfo,
+    sha256: Arc<str>,
+    contract: Arc<ContractInfo>,
     semaphore: Arc<Semaphore>,
     pool_slots: Option<Arc<Semaphore>>,
     pre: InstancePre<GuestState>,
@@ -413,6 +426,7 @@ pub struct Guest {
     deletion_guard: Option<deletion_guard::GuestIndices>,
     block_support: Option<block_support::GuestIndices>,
     metrics: Option<Metrics>,
+    executor: Option<GuestExecutor>,
 }
 
 /// Captured guest output of one call.
@@ -595,8 +609,8 @@ impl Guest {
         }
     }
 
-    /// Calls `provision` and validates the returned spec against the grants.
-    pub async fn provision(&self, request: &ProvisionRequest) -> Result<BuiltVolume, CallError> {
+    /// [`Guest::provision`] on the current runtime.
+    async fn provision_here(&self, request: &ProvisionRequest) -> Result<BuiltVolume, CallError> {
         let mut scope = self.begin().await?;
         let store = &mut scope.store;
         let outcome = tokio::time::timeout(scope.timeout + ASYNC_TIMEOUT_MARGIN, async {
@@ -619,8 +633,8 @@ impl Guest {
         })
     }
 
-    /// Calls `delete`.
-    pub async fn delete(&self, request: &DeleteRequest) -> Result<(), CallError> {
+    /// [`Guest::delete`] on the current runtime.
+    async fn delete_here(&self, request: &DeleteRequest) -> Result<(), CallError> {
         let mut scope = self.begin().await?;
         let store = &mut scope.store;
         let outcome = tokio::time::timeout(scope.timeout + ASYNC_TIMEOUT_MARGIN, async {
@@ -636,8 +650,8 @@ impl Guest {
         })
     }
 
-    /// The `qualifier` hook; `true` when the guest does not implement it.
-    pub async fn should_provision(
+    /// [`Guest::should_provision`] on the current runtime.
+    async fn should_provision_here(
         &self,
         claim: &Claim,
         class: &StorageClass,
@@ -658,8 +672,8 @@ impl Guest {
         scope.finish("should-provision", outcome)
     }
 
-    /// The `deletion-guard` hook; `true` when the guest does not implement it.
-    pub async fn should_delete(&self, volume: &Volume) -> Result<bool, CallError> {
+    /// [`Guest::should_delete`] on the current runtime.
+    async fn should_delete_here(&self, volume: &Volume) -> Result<bool, CallError> {
         let Some(indices) = &self.deletion_guard else {
             return Ok(true);
         };
@@ -674,8 +688,8 @@ impl Guest {
         scope.finish("should-delete", outcome)
     }
 
-    /// The `block-support` hook; `false` when the guest does not implement it.
-    pub async fn supports_block(&self) -> Result<bool, CallError> {
+    /// [`Guest::supports_block`] on the current runtime.
+    async fn supports_block_here(&self) -> Result<bool, CallError> {
         let Some(indices) = &self.block_support else {
             return Ok(false);
         };
@@ -688,6 +702,64 @@ impl Guest {
         })
         .await;
         scope.finish("supports-block", outcome)
+    }
+}
+
+impl Guest {
+    /// Calls `provision` and validates the returned spec against the grants.
+    pub async fn provision(&self, request: &ProvisionRequest) -> Result<BuiltVolume, CallError> {
+        let request = request.clone();
+        self.dispatch(|guest| async move { guest.provision_here(&request).await })
+            .await
+    }
+
+    /// Calls `delete`.
+    pub async fn delete(&self, request: &DeleteRequest) -> Result<(), CallError> {
+        let request = request.clone();
+        self.dispatch(|guest| async move { guest.delete_here(&request).await })
+            .await
+    }
+
+    /// The `qualifier` hook; `true` when the guest does not implement it.
+    pub async fn should_provision(
+        &self,
+        claim: &Claim,
+        class: &StorageClass,
+    ) -> Result<bool, CallError> {
+        let (claim, class) = (claim.clone(), class.clone());
+        self.dispatch(|guest| async move { guest.should_provision_here(&claim, &class).await })
+            .await
+    }
+
+    /// The `deletion-guard` hook; `true` when the guest does not implement it.
+    pub async fn should_delete(&self, volume: &Volume) -> Result<bool, CallError> {
+        let volume = volume.clone();
+        self.dispatch(|guest| async move { guest.should_delete_here(&volume).await })
+            .await
+    }
+
+    /// The `block-support` hook; `false` when the guest does not implement it.
+    pub async fn supports_block(&self) -> Result<bool, CallError> {
+        self.dispatch(|guest| async move { guest.supports_block_here().await })
+            .await
+    }
+
+    /// Runs a call on the guest executor when there is one, else right here.
+    async fn dispatch<R, F>(&self, call: impl FnOnce(Guest) -> F) -> Result<R, CallError>
+    where
+        F: std::future::Future<Output = Result<R, CallError>> + Send + 'static,
+        R: Send + 'static,
+    {
+        let Some(executor) = &self.executor else {
+            return call(self.clone()).await;
+        };
+        match executor.run(call(self.clone())).await {
+            Ok(result) => result,
+            Err(error) => Err(self.fault(
+                FaultKind::Host,
+                format!("the call ended without a result: {error}"),
+            )),
+        }
     }
 }
 

@@ -2,6 +2,8 @@
 //! and contract records that read like the spec.
 #![allow(dead_code)]
 
+pub mod suite;
+
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 
