@@ -518,12 +518,25 @@ async fn a_claim_deleted_mid_provision_is_finished_by_its_node_only(
     .with_context(|| w.logs())?;
     ensure!(
         w.disks_holding(&pv).is_empty(),
-        "storage left on {:?}",
-        w.disks_holding(&pv)
+        "storage left on {:?}; the owner's guest calls:\n{}\n{}",
+        w.disks_holding(&pv),
+        std::fs::read_to_string(w.node(&owner).disk.path().join("calls.log")).unwrap_or_default(),
+        w.logs()
     );
     ensure!(
         w.pvs().get_opt(&pv).await?.is_none(),
         "a PV was created for the deleted claim"
+    );
+    let owner_calls =
+        std::fs::read_to_string(w.node(&owner).disk.path().join("calls.log")).unwrap_or_default();
+    let owner_calls: Vec<&str> = owner_calls
+        .lines()
+        .filter(|l| l.contains(&pv))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    ensure!(
+        owner_calls == ["provision", "delete"],
+        "one provision and one cleanup, no second round after the claim was gone: {owner_calls:?}"
     );
     for n in &w.nodes {
         let calls = std::fs::read_to_string(n.disk.path().join("calls.log")).unwrap_or_default();

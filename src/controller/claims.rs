@@ -665,7 +665,11 @@ async fn finish_deleted_claim(
     pvc: &PersistentVolumeClaim,
     ctx: &Context,
 ) -> Result<Done, ClaimError> {
-    if !has_finalizer(&pvc.metadata.finalizers, FINALIZER_CLAIM) {
+    // Finished already, by us a moment ago if the cache still shows the finalizer: cleaning up
+    // again would call the guest for storage nobody is left to delete if we crash meanwhile.
+    if !has_finalizer(&pvc.metadata.finalizers, FINALIZER_CLAIM)
+        || ctx.recently_released(pvc.metadata.uid.as_deref().unwrap_or_default())
+    {
         return Ok(Done::Nothing);
     }
     let pv_name = decide::pv_name(pvc).ok_or(ClaimError::NoUid)?;
@@ -834,7 +838,7 @@ async fn set_finalizer(
     let patch = decide::finalizer_patch(&pvc.metadata.uid, FINALIZER_CLAIM, present);
     ctx.write_gate().await?;
     ctx.api_budget().await;
-    match claims
+    let result = match claims
         .patch(
             &pvc.name_any(),
             &PatchParams::default(),
@@ -845,7 +849,11 @@ async fn set_finalizer(
         Ok(updated) => Ok(updated),
         Err(kube::Error::Api(status)) if status.is_not_found() && !present => Ok(pvc.clone()),
         Err(error) => Err(error.into()),
+    };
+    if result.is_ok() {
+        ctx.remember_claim_finalizer(pvc.metadata.uid.as_deref().unwrap_or_default(), present);
     }
+    result
 }
 
 /// Creates the PV, retrying `--create-pv-retry-count` times; AlreadyExists is success. The outer

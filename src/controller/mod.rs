@@ -19,8 +19,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-/// How long a created PV is remembered while the PV cache catches up.
-const CREATED_MEMORY: Duration = Duration::from_secs(120);
+/// How long our own recent writes are remembered while the caches catch up.
+const WRITE_MEMORY: Duration = Duration::from_secs(120);
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -128,7 +128,10 @@ pub struct Context {
     pub api_rate: RateLimiter,
     /// PVs this process created, until the PV cache shows them: a claim event arriving before
     /// the PV's own watch event must not call the guest again.
-    created: Mutex<HashMap<String, Instant>>,
+    created: RecentWrites,
+    /// Claims (by UID) whose finalizer this process removed: a deleted claim's event arriving
+    /// before the removal's own must not start its cleanup (a guest call) again.
+    released: RecentWrites,
     /// Who may write: the write gate every guest call and API write passes.
     pub election: Arc<gate::Election>,
     /// Prometheus series and readiness.
@@ -156,18 +159,26 @@ impl Context {
 
     /// Records that we created a PV.
     pub fn remember_created(&self, pv: &str) {
-        let mut created = self.created.lock().expect("lock");
-        created.retain(|_, at| at.elapsed() < CREATED_MEMORY);
-        created.insert(pv.to_string(), Instant::now());
+        self.created.insert(pv);
     }
 
     /// Whether we created this PV recently (the cache may not show it yet).
     pub fn recently_created(&self, pv: &str) -> bool {
-        self.created
-            .lock()
-            .expect("lock")
-            .get(pv)
-            .is_some_and(|at| at.elapsed() < CREATED_MEMORY)
+        self.created.contains(pv)
+    }
+
+    /// Records that we removed (`false`) or added (`true`) a claim's finalizer.
+    pub fn remember_claim_finalizer(&self, uid: &str, present: bool) {
+        if present {
+            self.released.remove(uid);
+        } else {
+            self.released.insert(uid);
+        }
+    }
+
+    /// Whether we removed this claim's finalizer recently (the cache may still show it).
+    pub fn recently_released(&self, uid: &str) -> bool {
+        self.released.contains(uid)
     }
 
     /// Waits for the API request budget.
@@ -266,7 +277,8 @@ pub async fn run_watching(
         claim_failures: Mutex::new(FailureBook::default()),
         volume_failures: Mutex::new(FailureBook::default()),
         settings: settings.clone(),
-        created: Mutex::new(HashMap::new()),
+        created: RecentWrites::default(),
+        released: RecentWrites::default(),
         election: election.clone(),
         metrics: metrics.clone(),
         node: node_state,
@@ -575,6 +587,17 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 
     #[test]
+    fn recent_writes_are_remembered_until_removed() {
+        let writes = RecentWrites::default();
+        assert!(!writes.contains("u1"));
+        writes.insert("u1");
+        writes.insert("u2");
+        assert!(writes.contains("u1") && writes.contains("u2"));
+        writes.remove("u1");
+        assert!(!writes.contains("u1") && writes.contains("u2"));
+    }
+
+    #[test]
     fn slim_keeps_what_decisions_read() {
         let mut claim = PersistentVolumeClaim {
             metadata: ObjectMeta {
@@ -616,5 +639,29 @@ mod tests {
         assert_eq!(claim.metadata.uid, before.metadata.uid);
         assert_eq!(claim.metadata.finalizers, before.metadata.finalizers);
         assert_eq!(claim.spec, before.spec);
+    }
+}
+
+/// Keys of our own writes from the last [`WRITE_MEMORY`]: what the caches may not show yet.
+#[derive(Debug, Default)]
+struct RecentWrites(Mutex<HashMap<String, Instant>>);
+
+impl RecentWrites {
+    fn insert(&self, key: &str) {
+        let mut entries = self.0.lock().expect("lock");
+        entries.retain(|_, at| at.elapsed() < WRITE_MEMORY);
+        entries.insert(key.to_string(), Instant::now());
+    }
+
+    fn remove(&self, key: &str) {
+        self.0.lock().expect("lock").remove(key);
+    }
+
+    fn contains(&self, key: &str) -> bool {
+        self.0
+            .lock()
+            .expect("lock")
+            .get(key)
+            .is_some_and(|at| at.elapsed() < WRITE_MEMORY)
     }
 }
