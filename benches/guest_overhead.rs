@@ -13,7 +13,7 @@ use wasm_provisioner::wasm::bindings::types::{
     AccessMode, HostPathType, NodeSelectorOperator, NodeSelectorRequirement, NodeSelectorTerm,
     ProvisionRequest, ReclaimPolicy,
 };
-use wasm_provisioner::wasm::executor::ExecutorOptions;
+use wasm_provisioner::wasm::executor::{ExecutorOptions, GuestExecutor};
 use wasm_provisioner::wasm::runtime::{EngineOptions, Pooling};
 use wasm_provisioner::wasm::spec::{BuiltVolume, VolumeSpecBuilder};
 use wasm_provisioner::wasm::{Grants, WasmEngine, load_dir};
@@ -101,6 +101,14 @@ fn main() {
         guests.push((label, loaded.for_provisioner(PROVISIONER).unwrap().clone()));
     }
     let grants = guests[0].1.grants().clone();
+    // The same native call, hopped onto threads like the guest executor's: what the hop costs alone.
+    let hop = GuestExecutor::new(ExecutorOptions::default()).expect("executor");
+    let native_hopped = |request: &ProvisionRequest| {
+        let (request, grants, storage) = (request.clone(), grants.clone(), storage.path().to_owned());
+        runtime
+            .block_on(hop.run(async move { native_provision(&request, &grants, &storage) }))
+            .expect("the native call ran")
+    };
 
     let mut claim = common::claim("bench");
     claim.access_modes = vec![AccessMode::ReadWriteOnce];
@@ -114,9 +122,11 @@ fn main() {
             runtime.block_on(guest.provision(&request)).unwrap();
         }
         native_provision(&request, &grants, storage.path());
+        native_hopped(&request);
     }
     let mut wasm: Vec<Vec<Duration>> = vec![Vec::with_capacity(iterations); guests.len()];
     let mut native = Vec::with_capacity(iterations);
+    let mut hopped = Vec::with_capacity(iterations);
     for _ in 0..iterations {
         // Interleave so every path sees the same machine noise.
         for (i, (_, guest)) in guests.iter().enumerate() {
@@ -128,6 +138,10 @@ fn main() {
         let t = Instant::now();
         let built = native_provision(&request, &grants, storage.path());
         native.push(t.elapsed());
+        std::hint::black_box(built);
+        let t = Instant::now();
+        let built = native_hopped(&request);
+        hopped.push(t.elapsed());
         std::hint::black_box(built);
     }
     let (native_median, native_p99) = summarize(native);
@@ -143,4 +157,10 @@ fn main() {
         );
     }
     println!("| native Rust, same logic | {native_median:.1} | {native_p99:.1} | 1.00× | 1.00× |");
+    let (median, p99) = summarize(hopped);
+    println!(
+        "| native Rust, hopped onto guest-executor threads | {median:.1} | {p99:.1} | {:.2}× | {:.2}× |",
+        median / native_median,
+        p99 / native_p99
+    );
 }
