@@ -104,7 +104,8 @@ fn main() {
     // The same native call, hopped onto threads like the guest executor's: what the hop costs alone.
     let hop = GuestExecutor::new(ExecutorOptions::default()).expect("executor");
     let native_hopped = |request: &ProvisionRequest| {
-        let (request, grants, storage) = (request.clone(), grants.clone(), storage.path().to_owned());
+        let (request, grants, storage) =
+            (request.clone(), grants.clone(), storage.path().to_owned());
         runtime
             .block_on(hop.run(async move { native_provision(&request, &grants, &storage) }))
             .expect("the native call ran")
