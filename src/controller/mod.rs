@@ -176,9 +176,13 @@ impl Context {
         }
     }
 
-    /// Whether we removed this claim's finalizer recently (the cache may still show it).
-    pub fn recently_released(&self, uid: &str) -> bool {
-        self.released.contains(uid)
+    /// Whether the claim still holds our finalizer as far as we know: the cache shows it and we
+    /// did not just remove it ourselves (the cache may be behind our own patch).
+    pub fn holds_claim_finalizer(&self, pvc: &PersistentVolumeClaim) -> bool {
+        decide::has_finalizer(&pvc.metadata.finalizers, decide::FINALIZER_CLAIM)
+            && !self
+                .released
+                .contains(pvc.metadata.uid.as_deref().unwrap_or_default())
     }
 
     /// Waits for the API request budget.
