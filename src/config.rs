@@ -52,6 +52,31 @@ pub enum Command {
     Provision(ProvisionArgs),
     /// Run a guest's delete offline on a PV manifest.
     Delete(DeleteArgs),
+    /// Uninstall: remove our finalizers from claims (all, or one) and, for the named
+    /// provisioners, the PV finalizer, so nothing hangs once the provisioner is gone.
+    ReleaseFinalizers(ReleaseArgs),
+}
+
+/// `wasm-provisioner release-finalizers`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["all", "claim"])))]
+pub struct ReleaseArgs {
+    /// Kubeconfig file; without it the in-cluster config or ~/.kube/config is used.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Every claim holding wasm-provisioner.dev/provisioning.
+    #[arg(long)]
+    pub all: bool,
+    /// One claim, NAMESPACE/NAME.
+    #[arg(long)]
+    pub claim: Option<String>,
+    /// Only claims of these provisioners; with --all, also removes the PV finalizer
+    /// (external-provisioner.volume.kubernetes.io/finalizer) from their volumes.
+    #[arg(long = "provisioner")]
+    pub provisioners: Vec<String>,
+    /// Print what would be released, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `wasm-provisioner run`.

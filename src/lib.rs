@@ -17,4 +17,5 @@ pub mod metrics;
 pub mod offline;
 pub mod run;
 pub mod telemetry;
+pub mod uninstall;
 pub mod wasm;

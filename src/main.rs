@@ -1,8 +1,9 @@
 //! The `wasm-provisioner` binary: parse the command line, start logging, run one command.
 
 use clap::Parser;
+use wasm_provisioner::config::ReleaseArgs;
 use wasm_provisioner::config::{Cli, Command};
-use wasm_provisioner::{offline, run, telemetry};
+use wasm_provisioner::{offline, run, telemetry, uninstall};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -23,6 +24,7 @@ async fn main() -> std::process::ExitCode {
         Command::Delete(args) => {
             offline::delete(&args.plugins, &args.volume, args.class.as_deref()).await
         }
+        Command::ReleaseFinalizers(args) => release(args).await,
     };
     match result {
         Ok(output) => {
@@ -34,4 +36,14 @@ async fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+async fn release(args: ReleaseArgs) -> anyhow::Result<String> {
+    let target = match &args.claim {
+        Some(claim) => uninstall::parse_claim(claim).map_err(anyhow::Error::msg)?,
+        None => uninstall::Target::All,
+    };
+    let client = run::client(args.kubeconfig.as_deref()).await?;
+    let provisioners = args.provisioners.into_iter().collect();
+    uninstall::release_finalizers(client, target, &provisioners, args.dry_run).await
 }

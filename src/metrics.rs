@@ -410,6 +410,28 @@ impl Metrics {
         }
     }
 
+    /// Drops waiting retries of objects that no longer exist (their retry never comes).
+    pub fn retain_retries(&self, queue: Queue, alive: impl Fn(&str) -> bool) {
+        let labels = QueueLabels {
+            name: queue.as_str().into(),
+        };
+        let mut waiting = self.inner.waiting.lock().expect("metrics lock");
+        let before = waiting[queue as usize].len();
+        waiting[queue as usize].retain(|key| alive(key));
+        let gone = before - waiting[queue as usize].len();
+        if gone > 0 {
+            self.inner
+                .queue_depth
+                .get_or_create(&labels)
+                .dec_by(i64::try_from(gone).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Keys with a retry scheduled in `queue`.
+    pub fn retries_waiting(&self, queue: Queue) -> usize {
+        self.inner.waiting.lock().expect("metrics lock")[queue as usize].len()
+    }
+
     /// Whether this replica leads (`lease` = the lease name). For the leader-election module.
     pub fn leader(&self, lease: &str, leading: bool) {
         self.inner

@@ -67,15 +67,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let _ = plugins_tx.send(plugins);
     })
     .context("cannot start watching the plugins directory")?;
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?
-        }
-        None => kube::Config::infer().await?,
-    };
-    let client = kube::Client::try_from(config)?;
+    let client = client(args.kubeconfig.as_deref()).await?;
     controller::run_watching(
         client,
         plugins_rx,
@@ -93,4 +85,17 @@ async fn shutdown_signal() {
         _ = term.recv() => tracing::info!("SIGTERM received; finishing in-flight work"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received; finishing in-flight work"),
     }
+}
+
+/// The API client: from `kubeconfig`, or in-cluster / ~/.kube/config.
+pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(kube::Client::try_from(config)?)
 }

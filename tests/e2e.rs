@@ -969,6 +969,123 @@ async fn sigterm_lets_in_flight_work_finish(cp: Arc<ControlPlane>) -> anyhow::Re
     Ok(())
 }
 
+/// `kubectl delete pv` on a Bound volume in `--add-pv-finalizer` mode: pv-protection holds the PV
+/// while its claim (and a pod) use it, and so does the storage; once the claim goes, both go.
+async fn deleting_a_bound_pv_keeps_its_storage_until_the_claim_goes(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "bound-pv-delete", "scripted").await?;
+    w.start(&["--add-pv-finalizer"])?;
+    let class = w.create_class("c", &[], "Delete").await?;
+    w.create_claim("data", &class).await?;
+    let pv = w.wait_bound("data").await?;
+    let pvs = w.pvs();
+    let name = pv.name_any();
+    wait_for("PV finalizer added", WAIT, || async {
+        let p = pvs.get(&name).await?;
+        Ok(p.finalizers()
+            .iter()
+            .any(|f| f == "external-provisioner.volume.kubernetes.io/finalizer")
+            .then_some(()))
+    })
+    .await
+    .with_context(|| w.log())?;
+    pvs.delete(&name, &DeleteParams::default()).await?;
+    // Several reconciles of the PV being deleted (each update and a resync) pass meanwhile.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    ensure!(
+        w.storage_of(&name).exists(),
+        "storage deleted while its claim is still bound: {}",
+        w.log()
+    );
+    ensure!(
+        !w.calls().iter().any(|c| c.starts_with("delete ")),
+        "the guest was asked to delete bound storage: {:?}",
+        w.calls()
+    );
+    w.claims().delete("data", &DeleteParams::default()).await?;
+    w.wait_pv_gone(&name).await?;
+    ensure!(
+        !w.storage_of(&name).exists(),
+        "storage left after the claim went"
+    );
+    Ok(())
+}
+
+/// A claim the guest refuses for good holds no finalizer of ours: once the provisioner is gone,
+/// deleting it (and its namespace) does not hang.
+async fn a_refused_claim_can_be_deleted_after_uninstall(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "refused-uninstall", "scripted").await?;
+    w.start(&["--failed-provision-threshold", "1"])?;
+    let class = w
+        .create_class("broken", &[("fail", "final")], "Delete")
+        .await?;
+    let claim = w.create_claim("data", &class).await?;
+    w.wait_event(&uid(&claim), "ProvisioningGivenUp").await?;
+    let claims = w.claims();
+    wait_for("finalizer released", WAIT, || async {
+        let c = claims.get("data").await?;
+        Ok(c.finalizers().is_empty().then_some(()))
+    })
+    .await
+    .with_context(|| w.log())?;
+    w.process.take().expect("running").kill();
+    claims.delete("data", &DeleteParams::default()).await?;
+    w.wait_claim_gone("data").await?;
+    Ok(())
+}
+
+/// The uninstall command: a claim whose guest may hold storage keeps our finalizer, and after the
+/// provisioner is gone `release-finalizers` lets its deletion finish.
+async fn release_finalizers_unblocks_claims_after_uninstall(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp.clone(), "release", "scripted").await?;
+    w.start(&[])?;
+    let class = w
+        .create_class("flaky", &[("fail", "transient")], "Delete")
+        .await?;
+    w.create_claim("data", &class).await?;
+    let claims = w.claims();
+    wait_for("intent recorded", WAIT, || async {
+        let c = claims.get("data").await?;
+        Ok((!c.finalizers().is_empty()).then_some(()))
+    })
+    .await
+    .with_context(|| w.log())?;
+    w.process.take().expect("running").kill();
+    claims.delete("data", &DeleteParams::default()).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(
+        claims.get_opt("data").await?.is_some(),
+        "the finalizer holds a claim whose storage may exist"
+    );
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"))
+        .args([
+            "release-finalizers",
+            "--all",
+            "--provisioner",
+            &w.provisioner,
+        ])
+        .arg("--kubeconfig")
+        .arg(cp.provisioner_kubeconfig())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    ensure!(
+        output.status.success(),
+        "release-finalizers failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    ensure!(
+        stdout.contains(&format!("released claim {}/data", w.ns)),
+        "{stdout}"
+    );
+    w.wait_claim_gone("data").await?;
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     common::suite::run(
         "end-to-end",
@@ -996,6 +1113,9 @@ fn main() -> std::process::ExitCode {
             guest_hooks_decide_last,
             pv_finalizer_mode_guards_the_volume_until_storage_is_gone,
             sigterm_lets_in_flight_work_finish,
+            deleting_a_bound_pv_keeps_its_storage_until_the_claim_goes,
+            a_refused_claim_can_be_deleted_after_uninstall,
+            release_finalizers_unblocks_claims_after_uninstall,
         ],
     )
 }

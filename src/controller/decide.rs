@@ -177,14 +177,14 @@ pub fn should_delete(
             return None;
         }
     }
+    // Released in every mode, as the library: a PV deleted while Bound is held by
+    // pv-protection until its claim goes, and only then may its storage go (a pod may be using it).
     let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
     let policy = pv
         .spec
         .as_ref()
         .and_then(|s| s.persistent_volume_reclaim_policy.as_deref());
-    let releasable =
-        phase == Some("Released") || (finalizer_mode && pv.metadata.deletion_timestamp.is_some());
-    (releasable && policy == Some("Delete")).then_some(provisioner)
+    (phase == Some("Released") && policy == Some("Delete")).then_some(provisioner)
 }
 
 /// Should our PV finalizer be added (`Some(true)`) or removed (`Some(false)`)? As the library:
@@ -220,6 +220,52 @@ pub fn finalizer_patch(uid: &Option<String>, finalizer: &str, present: bool) -> 
     } else {
         serde_json::json!({ "metadata": { "uid": uid, "$deleteFromPrimitiveList/finalizers": [finalizer] } })
     }
+}
+
+/// Annotation written with our claim finalizer: the claim's StorageClass as it was when the
+/// guest was first called, so its storage can be deleted even if the class is gone by then.
+pub const ANN_CLASS_RECORD: &str = "wasm-provisioner.dev/storage-class";
+
+/// The claim-finalizer patch: [`finalizer_patch`] for [`FINALIZER_CLAIM`], carrying the class
+/// record when the finalizer goes on and dropping it when it comes off (one write either way).
+pub fn claim_finalizer_patch(
+    uid: &Option<String>,
+    present: bool,
+    record: Option<&str>,
+) -> serde_json::Value {
+    let mut patch = finalizer_patch(uid, FINALIZER_CLAIM, present);
+    let value = match (present, record) {
+        (true, Some(record)) => serde_json::Value::String(record.to_string()),
+        (true, None) => return patch,
+        (false, _) => serde_json::Value::Null,
+    };
+    patch["metadata"]["annotations"] = serde_json::json!({ ANN_CLASS_RECORD: value });
+    patch
+}
+
+/// The class record of a claim (see [`ANN_CLASS_RECORD`]), if it has a readable one.
+pub fn recorded_class(pvc: &PersistentVolumeClaim) -> Option<StorageClass> {
+    serde_json::from_str(annotation(&pvc.metadata.annotations, ANN_CLASS_RECORD)?).ok()
+}
+
+/// What of a class is recorded on a claim: what a guest's delete reads (name, provisioner,
+/// parameters, reclaim policy, mount options, binding mode), not its metadata.
+pub fn class_record(class: &StorageClass) -> String {
+    let record = StorageClass {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: class.metadata.name.clone(),
+            uid: class.metadata.uid.clone(),
+            ..Default::default()
+        },
+        provisioner: class.provisioner.clone(),
+        parameters: class.parameters.clone(),
+        reclaim_policy: class.reclaim_policy.clone(),
+        mount_options: class.mount_options.clone(),
+        volume_binding_mode: class.volume_binding_mode.clone(),
+        allow_volume_expansion: class.allow_volume_expansion,
+        allowed_topologies: class.allowed_topologies.clone(),
+    };
+    serde_json::to_string(&record).unwrap_or_default()
 }
 
 /// Exponential backoff: `start` doubled per earlier failure, capped at `max`.
@@ -498,6 +544,15 @@ mod tests {
             None,
             "finalizer already gone"
         );
+        // `kubectl delete pv` on a Bound volume: its claim (and a pod) still use the storage.
+        let mut bound_deleting = pv("Bound", "Delete", Some(P));
+        bound_deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
+        bound_deleting.metadata.finalizers = Some(vec![FINALIZER_PV.into()]);
+        assert_eq!(
+            should_delete(&bound_deleting, served, true),
+            None,
+            "bound and being deleted in finalizer mode: the storage stays until Released"
+        );
     }
 
     #[test]
@@ -530,6 +585,41 @@ mod tests {
             FINALIZER_PV
         );
         assert!(remove["metadata"].get("finalizers").is_none());
+    }
+
+    #[test]
+    fn the_claim_finalizer_carries_the_class_record_on_and_drops_it_off() {
+        let uid = Some("u1".to_string());
+        let mut fast = class("fast", P, false);
+        fast.parameters = Some([("path".to_string(), "/data".to_string())].into());
+        let record = class_record(&fast);
+        let on = claim_finalizer_patch(&uid, true, Some(&record));
+        assert_eq!(on["metadata"]["finalizers"][0], FINALIZER_CLAIM);
+        let mut pvc = claim("a").0;
+        pvc.metadata.annotations = Some(
+            [(
+                ANN_CLASS_RECORD.to_string(),
+                on["metadata"]["annotations"][ANN_CLASS_RECORD]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            )]
+            .into(),
+        );
+        let back = recorded_class(&pvc).expect("readable record");
+        assert_eq!(back.metadata.name.as_deref(), Some("fast"));
+        assert_eq!(back.parameters, fast.parameters);
+        let off = claim_finalizer_patch(&uid, false, None);
+        assert!(off["metadata"]["annotations"][ANN_CLASS_RECORD].is_null());
+        assert!(
+            off["metadata"]["$deleteFromPrimitiveList/finalizers"][0] == FINALIZER_CLAIM,
+            "{off}"
+        );
+        assert!(
+            claim_finalizer_patch(&uid, true, None)["metadata"]
+                .get("annotations")
+                .is_none()
+        );
     }
 
     #[test]

@@ -7,8 +7,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::ratelimit::RateLimiter;
@@ -44,22 +44,31 @@ pub const LEADER_ELECTION: &str = "LeaderElection";
 /// events.k8s.io/v1 Events into `default` for cluster-scoped objects, which API servers before
 /// 1.22 reject for PVs ("involvedObject.namespace does not match event.namespace").
 ///
-/// Events are written in the background with their own request budget (as client-go's event
-/// broadcaster does), so reporting never slows provisioning down or eats its API budget.
+/// Events are written by one background worker with its own request budget (as client-go's event
+/// broadcaster does), so reporting never slows provisioning down or eats its API budget. The
+/// queue in front of it is bounded ([`QUEUE_CAPACITY`]): a storm of events beyond what the budget
+/// can write is dropped and counted, never held in memory or written minutes late.
 ///
 /// Like client-go's correlator, an event that repeats (same object, type, reason and message
 /// within [`SERIES_WINDOW`]) is not written again: the first one's `count` is patched instead.
+///
+/// The recorder does not check the write gate: callers publish through their reconcile's
+/// [`super::handle::Handle`], which does.
 #[derive(Clone)]
 pub struct Recorder {
-    client: Client,
     component: String,
     instance: Option<String>,
-    budget: Arc<RateLimiter>,
+    queue: tokio::sync::mpsc::Sender<Job>,
+    state: Arc<QueueState>,
     series: Arc<Mutex<HashMap<SeriesKey, Series>>>,
 }
 
 /// How long a repeated event is folded into the first one.
 const SERIES_WINDOW: Duration = Duration::from_secs(10 * 60);
+/// Series remembered at most (folding is an optimisation; beyond this, events are written whole).
+const SERIES_CAPACITY: usize = 4096;
+/// Events waiting for the writer at most; more are dropped (and counted).
+pub const QUEUE_CAPACITY: usize = 1024;
 
 /// Object UID, type, reason, message.
 type SeriesKey = (String, String, String, String);
@@ -76,138 +85,240 @@ struct Series {
 const EVENT_QPS: f64 = 10.0;
 const EVENT_BURST: u32 = 50;
 
+/// One write for the worker, and who waits for it.
+struct Job {
+    write: Write,
+    done: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+enum Write {
+    Create {
+        namespace: String,
+        event: Box<Event>,
+    },
+    Count {
+        namespace: String,
+        name: String,
+        patch: serde_json::Value,
+    },
+}
+
+/// What the queue holds and has dropped, for flushing and for tests.
+#[derive(Default)]
+struct QueueState {
+    pending: AtomicUsize,
+    dropped: AtomicU64,
+    drained: tokio::sync::Notify,
+}
+
 impl Recorder {
-    /// A recorder reporting as `component` (and `instance`, the replica).
+    /// A recorder reporting as `component` (and `instance`, the replica); starts its writer on
+    /// the current runtime. The writer ends when the last clone of the recorder is dropped.
     pub fn new(client: Client, component: String, instance: Option<String>) -> Recorder {
-        Recorder {
+        let (queue, jobs) = tokio::sync::mpsc::channel(QUEUE_CAPACITY);
+        let state = Arc::new(QueueState::default());
+        tokio::spawn(write_events(
             client,
+            RateLimiter::new(EVENT_QPS, EVENT_BURST),
+            jobs,
+            state.clone(),
+        ));
+        Recorder {
             component,
             instance,
-            budget: Arc::new(RateLimiter::new(EVENT_QPS, EVENT_BURST)),
+            queue,
+            state,
             series: Arc::new(Mutex::new(HashMap::new())),
         }
     }
-}
 
-/// Publishes an event unless the write gate is closed; a failure to publish is logged, never fatal.
-pub async fn publish(
-    recorder: &Recorder,
-    reference: &ObjectReference,
-    warning: bool,
-    reason: &str,
-    action: &str,
-    note: String,
-) {
-    publish_inner(recorder, reference, warning, reason, action, note, false).await;
-}
-
-/// [`publish`], returning only once the event is written: for events sent right before the
-/// process exits (a replica releasing its lease on SIGTERM), which a background write would lose.
-pub async fn publish_and_wait(
-    recorder: &Recorder,
-    reference: &ObjectReference,
-    warning: bool,
-    reason: &str,
-    action: &str,
-    note: String,
-) {
-    publish_inner(recorder, reference, warning, reason, action, note, true).await;
-}
-
-async fn publish_inner(
-    recorder: &Recorder,
-    reference: &ObjectReference,
-    warning: bool,
-    reason: &str,
-    action: &str,
-    note: String,
-    wait: bool,
-) {
-    if !super::gate::may_write_now() {
-        tracing::debug!(reason, "not publishing: this replica may not write now");
-        return;
+    /// Queues an event; a full queue drops it (counted in [`Recorder::dropped`]).
+    pub fn publish(
+        &self,
+        reference: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let write = self.prepare(reference, warning, reason, action, note);
+        self.enqueue(Job { write, done: None });
     }
-    let now = Time(Timestamp::now());
-    let namespace = reference
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".into());
-    let object = reference.name.clone().unwrap_or_default();
-    let stamp = now.0.as_nanosecond();
-    let event = Event {
-        metadata: ObjectMeta {
-            name: Some(format!("{object}.{stamp:x}")),
-            namespace: Some(namespace.clone()),
-            ..Default::default()
-        },
-        involved_object: reference.clone(),
-        reason: Some(reason.to_string()),
-        message: Some(truncate(note, 1024)),
-        type_: Some(if warning { "Warning" } else { "Normal" }.to_string()),
-        action: Some(action.to_string()),
-        count: Some(1),
-        first_timestamp: Some(now.clone()),
-        last_timestamp: Some(now),
-        source: Some(EventSource {
-            component: Some(recorder.component.clone()),
-            host: recorder.instance.clone(),
-        }),
-        reporting_component: Some(recorder.component.clone()),
-        reporting_instance: recorder.instance.clone(),
-        ..Default::default()
-    };
-    let key: SeriesKey = (
-        reference.uid.clone().unwrap_or_default(),
-        event.type_.clone().unwrap_or_default(),
-        reason.to_string(),
-        event.message.clone().unwrap_or_default(),
-    );
-    let repeat = {
-        let mut series = recorder.series.lock().expect("event series lock");
-        series.retain(|_, s| s.first_seen.elapsed() < SERIES_WINDOW);
-        match series.get_mut(&key) {
-            Some(s) => {
-                s.count += 1;
-                Some(s.clone())
+
+    /// [`Recorder::publish`], returning only once the event is written: for events sent right
+    /// before the process exits (a replica releasing its lease on SIGTERM).
+    pub async fn publish_and_wait(
+        &self,
+        reference: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let write = self.prepare(reference, warning, reason, action, note);
+        let (done, written) = tokio::sync::oneshot::channel();
+        if self.enqueue(Job {
+            write,
+            done: Some(done),
+        }) {
+            let _ = written.await;
+        }
+    }
+
+    /// Waits until every queued event is written, at most `grace`: on shutdown.
+    pub async fn flush(&self, grace: Duration) {
+        let drained = async {
+            loop {
+                let notified = self.state.drained.notified();
+                if self.state.pending.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                notified.await;
             }
-            None => {
-                series.insert(
-                    key,
-                    Series {
-                        namespace: namespace.clone(),
-                        name: event.metadata.name.clone().unwrap_or_default(),
-                        count: 1,
-                        first_seen: std::time::Instant::now(),
-                    },
-                );
-                None
+        };
+        if tokio::time::timeout(grace, drained).await.is_err() {
+            tracing::warn!(
+                pending = self.queued(),
+                "events still queued at exit were not written"
+            );
+        }
+    }
+
+    /// Events queued and not yet written.
+    pub fn queued(&self) -> usize {
+        self.state.pending.load(Ordering::SeqCst)
+    }
+
+    /// Events dropped because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.state.dropped.load(Ordering::SeqCst)
+    }
+
+    /// Series remembered for folding repeats.
+    pub fn series_len(&self) -> usize {
+        self.series.lock().expect("event series lock").len()
+    }
+
+    fn enqueue(&self, job: Job) -> bool {
+        self.state.pending.fetch_add(1, Ordering::SeqCst);
+        match self.queue.try_send(job) {
+            Ok(()) => true,
+            Err(error) => {
+                self.state.pending.fetch_sub(1, Ordering::SeqCst);
+                let dropped = self.state.dropped.fetch_add(1, Ordering::SeqCst) + 1;
+                if dropped.is_power_of_two() {
+                    tracing::warn!(dropped, %error, "event queue full: dropping events");
+                }
+                false
             }
         }
-    };
-    let budget = recorder.budget.clone();
-    let client = recorder.client.clone();
-    let reason = reason.to_string();
-    let write = tokio::spawn(async move {
+    }
+
+    fn prepare(
+        &self,
+        reference: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) -> Write {
+        let now = Time(Timestamp::now());
+        let namespace = reference
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let object = reference.name.clone().unwrap_or_default();
+        let stamp = now.0.as_nanosecond();
+        let event = Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{object}.{stamp:x}")),
+                namespace: Some(namespace.clone()),
+                ..Default::default()
+            },
+            involved_object: reference.clone(),
+            reason: Some(reason.to_string()),
+            message: Some(truncate(note, 1024)),
+            type_: Some(if warning { "Warning" } else { "Normal" }.to_string()),
+            action: Some(action.to_string()),
+            count: Some(1),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            source: Some(EventSource {
+                component: Some(self.component.clone()),
+                host: self.instance.clone(),
+            }),
+            reporting_component: Some(self.component.clone()),
+            reporting_instance: self.instance.clone(),
+            ..Default::default()
+        };
+        let key: SeriesKey = (
+            reference.uid.clone().unwrap_or_default(),
+            event.type_.clone().unwrap_or_default(),
+            reason.to_string(),
+            event.message.clone().unwrap_or_default(),
+        );
+        let mut series = self.series.lock().expect("event series lock");
+        series.retain(|_, s| s.first_seen.elapsed() < SERIES_WINDOW);
+        if let Some(s) = series.get_mut(&key) {
+            s.count += 1;
+            return Write::Count {
+                namespace: s.namespace.clone(),
+                name: s.name.clone(),
+                patch: json!({ "count": s.count, "lastTimestamp": event.last_timestamp }),
+            };
+        }
+        if series.len() < SERIES_CAPACITY {
+            series.insert(
+                key,
+                Series {
+                    namespace: namespace.clone(),
+                    name: event.metadata.name.clone().unwrap_or_default(),
+                    count: 1,
+                    first_seen: std::time::Instant::now(),
+                },
+            );
+        }
+        Write::Create {
+            namespace,
+            event: Box::new(event),
+        }
+    }
+}
+
+/// The one writer: takes queued events in order, each within the event budget.
+async fn write_events(
+    client: Client,
+    budget: RateLimiter,
+    mut jobs: tokio::sync::mpsc::Receiver<Job>,
+    state: Arc<QueueState>,
+) {
+    while let Some(job) = jobs.recv().await {
         budget.acquire().await;
-        let result = match repeat {
-            None => Api::<Event>::namespaced(client, &namespace)
-                .create(&PostParams::default(), &event)
-                .await
-                .map(|_| ()),
-            Some(series) => {
-                let patch = json!({ "count": series.count, "lastTimestamp": event.last_timestamp });
-                Api::<Event>::namespaced(client, &series.namespace)
-                    .patch(&series.name, &PatchParams::default(), &Patch::Merge(&patch))
+        let result = match job.write {
+            Write::Create { namespace, event } => {
+                Api::<Event>::namespaced(client.clone(), &namespace)
+                    .create(&PostParams::default(), &event)
                     .await
                     .map(|_| ())
             }
+            Write::Count {
+                namespace,
+                name,
+                patch,
+            } => Api::<Event>::namespaced(client.clone(), &namespace)
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map(|_| ()),
         };
         if let Err(error) = result {
-            tracing::warn!(%error, reason, "could not publish event");
+            tracing::warn!(%error, "could not publish event");
         }
-    });
-    if wait {
-        let _ = write.await;
+        if let Some(done) = job.done {
+            let _ = done.send(());
+        }
+        if state.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            state.drained.notify_waiters();
+        }
     }
 }
 

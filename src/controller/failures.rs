@@ -39,9 +39,12 @@ impl FailureBook {
         entry.failures
     }
 
-    /// Failures recorded for this key and spec.
-    pub fn failures(&mut self, key: &str, fingerprint: u64) -> u32 {
-        self.entry(key, fingerprint).failures
+    /// Failures recorded for this key and spec (nothing is stored by asking).
+    pub fn failures(&self, key: &str, fingerprint: u64) -> u32 {
+        self.entries
+            .get(key)
+            .filter(|e| e.fingerprint == fingerprint)
+            .map_or(0, |e| e.failures)
     }
 
     /// Marks the key given up for this spec.
@@ -49,9 +52,17 @@ impl FailureBook {
         self.entry(key, fingerprint).given_up = true;
     }
 
-    /// Whether the key is given up for this spec.
-    pub fn is_given_up(&mut self, key: &str, fingerprint: u64) -> bool {
-        self.entry(key, fingerprint).given_up
+    /// Whether the key is given up for this spec (nothing is stored by asking: every claim and
+    /// PV of the cluster is asked about, most of them never ours).
+    pub fn is_given_up(&self, key: &str, fingerprint: u64) -> bool {
+        self.entries
+            .get(key)
+            .is_some_and(|e| e.fingerprint == fingerprint && e.given_up)
+    }
+
+    /// Keeps only the keys `alive` says still exist.
+    pub fn retain(&mut self, alive: impl Fn(&str) -> bool) {
+        self.entries.retain(|key, _| alive(key));
     }
 
     /// Forgets the key (success, or the object is gone).
@@ -102,7 +113,28 @@ mod tests {
             assert!(book.is_given_up("k", 7), "a resync must not revive it");
         }
         assert!(!book.is_given_up("k", 8), "a new spec retries");
-        assert!(!book.is_given_up("k", 7), "and the old fingerprint is gone");
+        assert_eq!(book.record_failure("k", 8), 1, "and counts afresh");
+        assert!(!book.is_given_up("k", 7), "the old give-up is gone with it");
+    }
+
+    #[test]
+    fn asking_about_objects_stores_nothing_and_retain_drops_the_gone() {
+        let mut book = FailureBook::default();
+        for n in 0..10_000 {
+            let key = format!("foreign-{n}");
+            assert!(!book.is_given_up(&key, 1));
+            assert_eq!(book.failures(&key, 1), 0);
+        }
+        assert!(
+            book.is_empty(),
+            "{} entries for objects that never failed",
+            book.len()
+        );
+        book.record_failure("mine", 1);
+        book.record_failure("gone", 1);
+        book.retain(|key| key == "mine");
+        assert_eq!(book.len(), 1);
+        assert_eq!(book.failures("mine", 1), 1);
     }
 
     #[test]

@@ -6,11 +6,11 @@
 //! Lease named after the claim's (or volume's) UID, renews it while the reconcile runs, and
 //! deletes it when the reconcile ends; a replica that finds it held backs off until it expires.
 //!
-//! The reconcile wrappers open a [`scope`] per object; `write_gate()` and `may_write_now()` find
-//! it through a task-local, so the many write sites need one line each and no new parameter.
+//! Each reconcile opens a [`Scope`] for its object and hands it, inside its
+//! [`super::handle::Handle`], to every write: there is no ambient default a write could slip
+//! through.
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -299,77 +299,65 @@ impl Drop for HeldLock {
     }
 }
 
-struct Scope {
+/// One reconcile's standing at the gate, opened per object and handed explicitly to everything
+/// that writes for it (see [`super::handle::Handle`]): no write can happen outside a scope.
+#[derive(Debug)]
+pub struct Scope {
     election: Arc<Election>,
     key: LockKey,
-    held: Arc<tokio::sync::Mutex<Option<HeldLock>>>,
+    held: tokio::sync::Mutex<Option<HeldLock>>,
 }
 
-tokio::task_local! {
-    static SCOPE: Scope;
-}
-
-/// Runs one reconcile of `key` under the gate. In leader mode a standby returns `NotLeader`
-/// before doing anything, not even a read; a per-object lease taken inside ends with the scope.
-pub async fn scope<T, E, F>(election: Arc<Election>, key: LockKey, reconcile: F) -> Result<T, E>
-where
-    F: Future<Output = Result<T, E>>,
-    E: From<GateError>,
-{
-    if let Election::Leader(gate) = &*election
-        && !gate.is_open()
-    {
-        return Err(GateError::NotLeader.into());
+impl Scope {
+    /// Opens the scope of one reconcile of `key`. In leader mode a standby is refused before
+    /// doing anything, not even a read; a per-object lease taken later ends with the scope.
+    pub fn open(election: Arc<Election>, key: LockKey) -> Result<Scope, GateError> {
+        if let Election::Leader(gate) = &*election
+            && !gate.is_open()
+        {
+            return Err(GateError::NotLeader);
+        }
+        Ok(Scope {
+            election,
+            key,
+            held: tokio::sync::Mutex::new(None),
+        })
     }
-    let scope = Scope {
-        election,
-        key,
-        held: Arc::new(tokio::sync::Mutex::new(None)),
-    };
-    SCOPE.scope(scope, reconcile).await
-}
 
-/// Checks the gate right before a guest call or an API write. Returns `Ok(true)` when this call
-/// just took a per-object lease (the caller should re-check the API server: another replica may
-/// have finished the object a moment ago), `Ok(false)` when the gate was already open.
-/// Outside a [`scope`] (offline commands) nothing is gated.
-pub async fn write_gate() -> Result<bool, GateError> {
-    let Ok((election, key, held)) =
-        SCOPE.try_with(|s| (s.election.clone(), s.key.clone(), s.held.clone()))
-    else {
-        return Ok(false);
-    };
-    match &*election {
-        Election::Off => Ok(false),
-        Election::Leader(gate) if gate.is_open() => Ok(false),
-        Election::Leader(_) => Err(GateError::NotLeader),
-        Election::PerClaim(locks) => {
-            let mut held = held.lock().await;
-            match &*held {
-                Some(lock) => lock.check().map(|()| false),
-                None => {
-                    *held = Some(locks.acquire(&key).await?);
-                    Ok(true)
+    /// Checks the gate right before a guest call or an API write. Returns `Ok(true)` when this
+    /// call just took a per-object lease (the caller should re-check the API server: another
+    /// replica may have finished the object a moment ago), `Ok(false)` when it was already open.
+    pub async fn check(&self) -> Result<bool, GateError> {
+        match &*self.election {
+            Election::Off => Ok(false),
+            Election::Leader(gate) if gate.is_open() => Ok(false),
+            Election::Leader(_) => Err(GateError::NotLeader),
+            Election::PerClaim(locks) => {
+                let mut held = self.held.lock().await;
+                match &*held {
+                    Some(lock) => lock.check().map(|()| false),
+                    None => {
+                        *held = Some(locks.acquire(&self.key).await?);
+                        Ok(true)
+                    }
                 }
             }
         }
     }
-}
 
-/// The same check without taking a lease, for events: true when a write would be allowed now.
-pub fn may_write_now() -> bool {
-    SCOPE
-        .try_with(|s| match &*s.election {
+    /// The same check without taking a lease, for events: true when a write would be allowed now.
+    pub fn may_write_now(&self) -> bool {
+        match &*self.election {
             Election::Off => true,
             Election::Leader(gate) => gate.is_open(),
-            Election::PerClaim(_) => s
+            Election::PerClaim(_) => self
                 .held
                 .try_lock()
                 .map(|held| held.as_ref().is_some_and(|lock| lock.check().is_ok()))
                 // Locked only while a lease is being taken; an event then is not ours to send.
                 .unwrap_or(false),
-        })
-        .unwrap_or(true)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -388,23 +376,11 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn outside_a_scope_nothing_is_gated() {
-        assert!(!write_gate().await.unwrap());
-        assert!(may_write_now());
-    }
-
     #[tokio::test(start_paused = true)]
     async fn a_standby_is_refused_before_its_reconcile_runs() {
         let election = Arc::new(Election::Leader(Arc::new(LeaderGate::default())));
-        let ran = std::sync::atomic::AtomicBool::new(false);
-        let outcome: Result<(), GateError> = scope(election, LockKey::Claim("u".into()), async {
-            ran.store(true, std::sync::atomic::Ordering::SeqCst);
-            Ok(())
-        })
-        .await;
+        let outcome = Scope::open(election, LockKey::Claim("u".into()));
         assert!(matches!(outcome, Err(GateError::NotLeader)));
-        assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
     }
 
     #[tokio::test(start_paused = true)]
@@ -412,28 +388,22 @@ mod tests {
         let gate = Arc::new(LeaderGate::default());
         gate.renewed(Instant::now() + Duration::from_secs(10));
         let election = Arc::new(Election::Leader(gate));
-        let outcome: Result<(), GateError> = scope(election, LockKey::Claim("u".into()), async {
-            assert!(!write_gate().await?, "open, and nothing newly taken");
-            assert!(may_write_now());
-            // A guest call that outlives the renew deadline without a renew.
-            tokio::time::sleep(Duration::from_secs(11)).await;
-            assert!(!may_write_now());
-            write_gate().await?;
-            panic!("the write after the deadline must not be allowed");
-        })
-        .await;
-        assert!(matches!(outcome, Err(GateError::NotLeader)));
+        let scope = Scope::open(election, LockKey::Claim("u".into())).expect("leader");
+        assert!(
+            !scope.check().await.unwrap(),
+            "open, and nothing newly taken"
+        );
+        assert!(scope.may_write_now());
+        // A guest call that outlives the renew deadline without a renew.
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert!(!scope.may_write_now());
+        assert!(matches!(scope.check().await, Err(GateError::NotLeader)));
     }
 
     #[tokio::test]
     async fn with_election_off_every_write_passes() {
-        let election = Arc::new(Election::Off);
-        let outcome: Result<bool, GateError> =
-            scope(election, LockKey::Volume("v".into()), async {
-                assert!(may_write_now());
-                write_gate().await
-            })
-            .await;
-        assert!(!outcome.unwrap());
+        let scope = Scope::open(Arc::new(Election::Off), LockKey::Volume("v".into())).unwrap();
+        assert!(scope.may_write_now());
+        assert!(!scope.check().await.unwrap());
     }
 }

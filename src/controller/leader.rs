@@ -23,7 +23,7 @@ use kube::{Api, Resource};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use super::events::{self, publish_and_wait};
+use super::events;
 
 /// Timing of an election, as the `--leader-election-*` flags give it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -561,15 +561,9 @@ async fn lease_event(
     };
     if let Some(reference) = reference {
         // Awaited: "stopped leading" is sent as the process exits on SIGTERM.
-        publish_and_wait(
-            recorder,
-            &reference,
-            false,
-            events::LEADER_ELECTION,
-            action,
-            note,
-        )
-        .await;
+        recorder
+            .publish_and_wait(&reference, false, events::LEADER_ELECTION, action, note)
+            .await;
     }
 }
 

@@ -4,18 +4,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
-use tracing::{Instrument, info_span};
+use tracing::info_span;
 
 use super::Context;
+use super::bookkeeping::{Done, Failure, Operation, Tracked};
 use super::decide::{self, FINALIZER_PV, has_finalizer};
-use super::events::{self, publish};
+use super::events;
 use super::failures::fingerprint;
-use super::gate::{self, GateError, LockKey};
+use super::gate::{GateError, LockKey};
+use super::handle::Handle;
 use super::node::{self, VolumeOwner};
-use crate::metrics::Queue;
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
 use crate::wasm::convert::{self, ConvertError};
 use crate::wasm::{Availability, CallError, Plugins};
@@ -43,14 +44,19 @@ pub enum VolumeError {
     Gate(#[from] GateError),
 }
 
-impl VolumeError {
-    /// Whether this failure counts toward `--failed-delete-threshold`.
-    pub fn counts(&self) -> bool {
+impl Failure for VolumeError {
+    fn gate(&self) -> Option<&GateError> {
+        match self {
+            VolumeError::Gate(gate) => Some(gate),
+            _ => None,
+        }
+    }
+
+    fn counts(&self) -> bool {
         !matches!(self, VolumeError::Transient(_) | VolumeError::Gate(_))
     }
 
-    /// Short label for logs and metrics.
-    pub fn label(&self) -> &'static str {
+    fn label(&self) -> &'static str {
         match self {
             VolumeError::Guest(CallError::Fault { kind, .. }) => kind.as_str(),
             VolumeError::Guest(_) => "final",
@@ -61,48 +67,24 @@ impl VolumeError {
             VolumeError::Gate(_) => "not-leader",
         }
     }
-}
 
-/// How a delete attempt that did not fail ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Done {
-    /// The storage and the PV are gone.
-    Deleted,
-    /// Nothing to do (not ours, not released, kept by the guest, finalizer bookkeeping).
-    Nothing,
-    /// Look again after this long (node mode: a node not yet gone for the grace period).
-    RetryIn(Duration),
+    fn timed_out(after: Duration) -> Self {
+        VolumeError::Timeout(after)
+    }
 }
 
 fn volume_fingerprint(pv: &PersistentVolume) -> u64 {
     fingerprint(&pv.spec)
 }
 
-/// Reconciles one PV under the write gate (per-claim mode: the volume's own lease).
+/// Reconciles one PV: opens its gate scope, then runs [`delete`] with the shared bookkeeping.
 pub async fn reconcile(
     pv: Arc<PersistentVolume>,
     ctx: Arc<Context>,
 ) -> Result<Action, VolumeError> {
-    let key = LockKey::Volume(pv.metadata.uid.clone().unwrap_or_else(|| pv.name_any()));
-    gate::scope(ctx.election.clone(), key, reconcile_gated(pv, ctx)).await
-}
-
-/// Bookkeeping around [`delete`].
-async fn reconcile_gated(
-    pv: Arc<PersistentVolume>,
-    ctx: Arc<Context>,
-) -> Result<Action, VolumeError> {
     let name = pv.name_any();
-    let fp = volume_fingerprint(&pv);
-    if ctx
-        .volume_failures
-        .lock()
-        .expect("lock")
-        .is_given_up(&name, fp)
-    {
-        return Ok(Action::await_change());
-    }
-    let reconciling = ctx.metrics.reconcile_started(Queue::Volumes, &name);
+    let key = LockKey::Volume(pv.metadata.uid.clone().unwrap_or_else(|| name.clone()));
+    let handle = Handle::open(&ctx, key)?;
     let class = pv
         .spec
         .as_ref()
@@ -117,97 +99,44 @@ async fn reconcile_gated(
         claim = claim_ref.and_then(|r| r.name.clone()).unwrap_or_default(),
         guest = tracing::field::Empty,
     );
-    let timeout = ctx.settings.delete_timeout;
-    let outcome = match tokio::time::timeout(
-        timeout,
-        delete(pv.clone(), ctx.clone()).instrument(span.clone()),
-    )
-    .await
-    {
-        Ok(outcome) => outcome,
-        Err(_) => Err(VolumeError::Timeout(timeout)),
+    let tracked = Tracked {
+        key: name,
+        fingerprint: volume_fingerprint(&pv),
+        reference: pv.object_ref(&()),
+        operation: Operation::Delete { class },
     };
-    if let Ok(Done::Deleted) = outcome {
-        ctx.metrics.delete_succeeded(&class, reconciling.elapsed());
-    }
-    if let Err(error @ VolumeError::Gate(_)) = &outcome {
-        tracing::debug!(parent: &span, %error, "not deleting on this replica now");
-    } else if let Err(error) = &outcome {
-        let _entered = span.enter();
-        tracing::warn!(%error, kind = error.label(), "deleting volume failed");
-        ctx.metrics.delete_failed(&class, error.label());
-        if error.counts() {
-            let threshold = ctx.settings.failed_delete_threshold;
-            let failures = ctx
-                .volume_failures
-                .lock()
-                .expect("lock")
-                .record_failure(&name, fp);
-            if decide::exceeded_threshold(failures, threshold) {
-                ctx.volume_failures.lock().expect("lock").give_up(&name, fp);
-                publish(
-                    &ctx.recorder,
-                    &pv.object_ref(&()),
-                    true,
-                    events::DELETE_GIVEN_UP,
-                    "Delete",
-                    format!("Giving up after {failures} failed attempts (threshold {threshold}); the last error was: {error}. Change the volume or restart the provisioner to retry."),
-                )
-                .await;
-            }
-        }
-    }
-    outcome.map(|done| match done {
-        Done::RetryIn(wait) => Action::requeue(wait),
-        Done::Deleted | Done::Nothing => Action::await_change(),
-    })
+    ctx.volume_book
+        .track(&handle, &tracked, span, delete(&handle, &pv))
+        .await
+        .0
 }
 
-/// Requeue policy for volumes.
+/// Requeue policy: the shared one (see [`super::bookkeeping::Book::requeue`]).
 pub fn error_policy(pv: Arc<PersistentVolume>, error: &VolumeError, ctx: Arc<Context>) -> Action {
-    if let VolumeError::Gate(gate) = error {
-        return gate
-            .retry_in()
-            .map_or_else(Action::await_change, Action::requeue);
-    }
-    let settings = &ctx.settings;
-    let mut book = ctx.volume_failures.lock().expect("lock");
-    let name = pv.name_any();
-    let fp = volume_fingerprint(&pv);
-    if book.is_given_up(&name, fp) {
-        return Action::await_change();
-    }
-    ctx.metrics.retry_scheduled(Queue::Volumes, &name);
-    if !error.counts() {
-        return Action::requeue(settings.retry_interval_start);
-    }
-    Action::requeue(decide::backoff(
-        book.failures(&name, fp),
-        settings.retry_interval_start,
-        settings.retry_interval_max,
-    ))
+    ctx.volume_book
+        .requeue(&ctx, &pv.name_any(), volume_fingerprint(&pv), error)
 }
 
-async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Done, VolumeError> {
+async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, VolumeError> {
+    let ctx = handle.ctx();
     let plugins = ctx.plugins();
-    let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let name = pv.name_any();
     if let Some(node) = &ctx.node {
-        match node.volume_owner(&pv) {
+        match node.volume_owner(pv) {
             VolumeOwner::Mine => {}
             VolumeOwner::OtherNode | VolumeOwner::NotPinned => return Ok(Done::Nothing),
-            VolumeOwner::NodeGone(gone) => return delete_node_gone(&ctx, &pv, &gone).await,
+            VolumeOwner::NodeGone(gone) => return delete_node_gone(handle, pv, &gone).await,
         }
     }
-    let ours = decide::claim_provisioner_of_volume(&pv).is_some_and(|p| plugins.serves(p));
-    if ours && let Some(add) = decide::pv_finalizer_change(&pv, ctx.settings.add_pv_finalizer) {
-        set_pv_finalizer(&ctx, &pvs, &pv, add).await?;
+    let ours = decide::claim_provisioner_of_volume(pv).is_some_and(|p| plugins.serves(p));
+    if ours && let Some(add) = decide::pv_finalizer_change(pv, ctx.settings.add_pv_finalizer) {
+        handle.set_pv_finalizer::<VolumeError>(pv, add).await?;
         return Ok(Done::Nothing);
     }
     let Some(provisioner) =
-        decide::should_delete(&pv, |p| plugins.serves(p), ctx.settings.add_pv_finalizer)
+        decide::should_delete(pv, |p| plugins.serves(p), ctx.settings.add_pv_finalizer)
     else {
-        wait_for_guest(&ctx, &pv, &plugins).await;
+        wait_for_guest(handle, pv, &plugins);
         return Ok(Done::Nothing);
     };
     let guest = plugins
@@ -215,19 +144,17 @@ async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Done, Vo
         .expect("served")
         .clone();
     tracing::Span::current().record("guest", guest.name());
-    let volume = convert::volume(&pv)?;
-    ctx.write_gate().await?;
-    if !guest
-        .should_delete(&volume)
-        .await
+    let volume = convert::volume(pv)?;
+    if !handle
+        .guest(guest.should_delete(&volume))
+        .await?
         .map_err(VolumeError::Guest)?
     {
         tracing::debug!("guest's deletion guard kept the volume");
         return Ok(Done::Nothing);
     }
     // Re-read from the API server: the cache may be behind (the PV rebound, already deleted).
-    ctx.api_budget().await;
-    let Some(live) = pvs.get_opt(&name).await? else {
+    let Some(live) = handle.get_pv(&name).await? else {
         return Ok(Done::Nothing);
     };
     if live.metadata.uid != pv.metadata.uid
@@ -246,8 +173,7 @@ async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Done, Vo
         storage_class: ctx.class(&class_name).map(|c| convert::storage_class(&c)),
         config: guest.grants().config_json.clone(),
     };
-    ctx.write_gate().await?;
-    match guest.delete(&request).await {
+    match handle.guest(guest.delete(&request)).await? {
         Ok(()) => {}
         Err(CallError::Guest {
             error: ProvisionError::Ignored(reason),
@@ -261,47 +187,32 @@ async fn delete(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Done, Vo
             ..
         }) => return Err(VolumeError::Transient(m)),
         Err(error) => {
-            publish(
-                &ctx.recorder,
+            handle.event(
                 &live.object_ref(&()),
                 true,
                 events::VOLUME_FAILED_DELETE,
                 "Delete",
                 error.to_string(),
-            )
-            .await;
+            );
             return Err(VolumeError::Guest(error));
         }
     }
-    remove_pv(&ctx, &pvs, &live).await?;
-    ctx.volume_failures.lock().expect("lock").forget(&name);
+    remove_pv(handle, &live).await?;
     tracing::info!(guest = guest.name(), "volume deleted");
-    Ok(Done::Deleted)
+    Ok(Done::Succeeded)
 }
 
 /// Deletes the PV object we looked at (UID precondition), then our PV finalizer if it has one.
 /// Returns whether this call deleted it (false: already gone).
-async fn remove_pv(
-    ctx: &Context,
-    pvs: &Api<PersistentVolume>,
-    live: &PersistentVolume,
-) -> Result<bool, VolumeError> {
-    let name = live.name_any();
-    ctx.write_gate().await?;
-    ctx.api_budget().await;
-    let deleted = match pvs
-        .delete(&name, &DeleteParams::default().preconditions_uid(live))
-        .await
+async fn remove_pv(handle: &Handle<'_>, live: &PersistentVolume) -> Result<bool, VolumeError> {
+    let deleted = handle.delete_pv::<VolumeError>(live).await?;
+    if handle.ctx().settings.add_pv_finalizer
+        && has_finalizer(&live.metadata.finalizers, FINALIZER_PV)
+        && let Some(current) = handle.get_pv(&live.name_any()).await?
     {
-        Ok(_) => true,
-        Err(kube::Error::Api(status)) if status.is_not_found() => false,
-        Err(error) => return Err(error.into()),
-    };
-    if ctx.settings.add_pv_finalizer && has_finalizer(&live.metadata.finalizers, FINALIZER_PV) {
-        ctx.api_budget().await;
-        if let Some(current) = pvs.get_opt(&name).await? {
-            set_pv_finalizer(ctx, pvs, &current, false).await?;
-        }
+        handle
+            .set_pv_finalizer::<VolumeError>(&current, false)
+            .await?;
     }
     Ok(deleted)
 }
@@ -311,10 +222,11 @@ async fn remove_pv(
 /// lose its volumes) any instance deletes the PV object and says so in an event. Instances race
 /// harmlessly: the UID precondition lets one delete win.
 async fn delete_node_gone(
-    ctx: &Context,
+    handle: &Handle<'_>,
     pv: &PersistentVolume,
     gone: &str,
 ) -> Result<Done, VolumeError> {
+    let ctx = handle.ctx();
     let plugins = ctx.plugins();
     let finalizer_mode = ctx.settings.add_pv_finalizer;
     if decide::should_delete(pv, |p| plugins.serves(p), finalizer_mode).is_none() {
@@ -331,7 +243,7 @@ async fn delete_node_gone(
     }
     // The cache may lag a node that came back: ask the API server before deleting.
     let nodes: Api<Node> = Api::all(ctx.client.clone());
-    ctx.api_budget().await;
+    handle.budget().await;
     let back = match node::pinned_node(pv) {
         Some(node::Pin::Name(name)) => nodes.get_metadata_opt(name).await?.is_some(),
         _ => !nodes
@@ -348,9 +260,7 @@ async fn delete_node_gone(
         node.node_seen(gone);
         return Ok(Done::Nothing);
     }
-    let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    ctx.api_budget().await;
-    let Some(live) = pvs.get_opt(&pv.name_any()).await? else {
+    let Some(live) = handle.get_pv(&pv.name_any()).await? else {
         return Ok(Done::Nothing);
     };
     if live.metadata.uid != pv.metadata.uid
@@ -359,77 +269,34 @@ async fn delete_node_gone(
         return Ok(Done::Nothing);
     }
     let first = live.metadata.deletion_timestamp.is_none();
-    if remove_pv(ctx, &pvs, &live).await? && first {
+    if remove_pv(handle, &live).await? && first {
         let grace = node.settings.gone_grace;
         tracing::warn!(
             node = gone,
             "deleted the PV of a removed node without cleaning up its storage"
         );
-        publish(
-            &ctx.recorder,
+        handle.event(
             &live.object_ref(&()),
             true,
             events::DELETED_NODE_GONE,
             "Delete",
             format!("Node {gone} no longer exists (missing for over {grace:?}): deleted the volume without cleaning up its storage, which was on that node"),
-        )
-        .await;
-        return Ok(Done::Deleted);
+        );
+        return Ok(Done::Succeeded);
     }
     Ok(Done::Nothing)
 }
 
-trait PreconditionsUid {
-    fn preconditions_uid(self, pv: &PersistentVolume) -> Self;
-}
-
-impl PreconditionsUid for DeleteParams {
-    /// Deletes only the PV we looked at, never a namesake created since.
-    fn preconditions_uid(mut self, pv: &PersistentVolume) -> Self {
-        self.preconditions = Some(kube::api::Preconditions {
-            uid: pv.metadata.uid.clone(),
-            resource_version: None,
-        });
-        self
-    }
-}
-
-async fn set_pv_finalizer(
-    ctx: &Context,
-    pvs: &Api<PersistentVolume>,
-    pv: &PersistentVolume,
-    present: bool,
-) -> Result<(), VolumeError> {
-    // A strategic-merge patch touches only our entry of the list: no resourceVersion, so no
-    // conflict with kube-controller-manager's pv-protection controller writing the same PV.
-    let patch = decide::finalizer_patch(&pv.metadata.uid, FINALIZER_PV, present);
-    ctx.write_gate().await?;
-    ctx.api_budget().await;
-    match pvs
-        .patch(
-            &pv.name_any(),
-            &PatchParams::default(),
-            &Patch::Strategic(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
-        Err(error) => Err(error.into()),
-    }
-}
-
 /// A volume that would be deleted if its guest were loaded gets an event saying it waits; a
 /// plugins reload re-runs every volume, so it is deleted once the guest is back.
-async fn wait_for_guest(ctx: &Context, pv: &PersistentVolume, plugins: &Plugins) {
+fn wait_for_guest(handle: &Handle<'_>, pv: &PersistentVolume, plugins: &Plugins) {
+    let finalizer_mode = handle.ctx().settings.add_pv_finalizer;
     let unavailable = |p: &str| matches!(plugins.availability(p), Availability::Unavailable(_));
-    let Some(provisioner) = decide::should_delete(pv, unavailable, ctx.settings.add_pv_finalizer)
-    else {
+    let Some(provisioner) = decide::should_delete(pv, unavailable, finalizer_mode) else {
         return;
     };
     let why = plugins.why_not_served(provisioner);
-    publish(
-        &ctx.recorder,
+    handle.event(
         &pv.object_ref(&()),
         true,
         events::WAITING_FOR_GUEST,
@@ -437,6 +304,5 @@ async fn wait_for_guest(ctx: &Context, pv: &PersistentVolume, plugins: &Plugins)
         format!(
             "No guest serves {provisioner} right now ({why}); the volume's storage is deleted once a guest for it is loaded again"
         ),
-    )
-    .await;
+    );
 }

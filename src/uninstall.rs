@@ -1,0 +1,151 @@
+//! `release-finalizers`: the uninstall path. Removes our finalizers from claims (and, for the
+//! named provisioners, the library's PV finalizer) so nothing hangs once the provisioner is gone.
+//!
+//! A claim keeps our finalizer only while a guest may hold storage for it; releasing it means
+//! that storage, if any, is no longer cleaned up by us. The command says which claims it released
+//! so an operator can check their storage.
+
+use std::collections::BTreeSet;
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+
+use crate::controller::decide::{self, FINALIZER_CLAIM, FINALIZER_PV, has_finalizer};
+
+/// What to release.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// Every claim holding our finalizer (and PVs of `provisioners`).
+    All,
+    /// One claim, `namespace/name`.
+    Claim {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+}
+
+/// Releases our finalizers; returns a report, one line per object.
+pub async fn release_finalizers(
+    client: Client,
+    target: Target,
+    provisioners: &BTreeSet<String>,
+    dry_run: bool,
+) -> anyhow::Result<String> {
+    let mut report = String::new();
+    let verb = if dry_run { "would release" } else { "released" };
+    let claims: Vec<PersistentVolumeClaim> = match &target {
+        Target::All => Api::<PersistentVolumeClaim>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .context("listing claims (RBAC: list persistentvolumeclaims)")?
+            .items
+            .into_iter()
+            .filter(|c| has_finalizer(&c.metadata.finalizers, FINALIZER_CLAIM))
+            .filter(|c| {
+                provisioners.is_empty()
+                    || decide::claim_provisioner(c).is_some_and(|p| provisioners.contains(p))
+            })
+            .collect(),
+        Target::Claim { namespace, name } => {
+            let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
+                .get(name)
+                .await
+                .with_context(|| format!("reading claim {namespace}/{name}"))?;
+            if !has_finalizer(&claim.metadata.finalizers, FINALIZER_CLAIM) {
+                report.push_str(&format!(
+                    "claim {namespace}/{name} holds no {FINALIZER_CLAIM} finalizer\n"
+                ));
+            }
+            vec![claim]
+        }
+    };
+    let mut released = 0;
+    for claim in claims
+        .iter()
+        .filter(|c| has_finalizer(&c.metadata.finalizers, FINALIZER_CLAIM))
+    {
+        let (namespace, name) = (claim.namespace().unwrap_or_default(), claim.name_any());
+        if !dry_run {
+            let patch = decide::claim_finalizer_patch(&claim.metadata.uid, false, None);
+            Api::<PersistentVolumeClaim>::namespaced(client.clone(), &namespace)
+                .patch(&name, &PatchParams::default(), &Patch::Strategic(&patch))
+                .await
+                .with_context(|| format!("releasing claim {namespace}/{name}"))?;
+        }
+        released += 1;
+        let pv = decide::pv_name(claim).unwrap_or_default();
+        report.push_str(&format!(
+            "{verb} claim {namespace}/{name} (storage for {pv}, if a guest made any, is no longer cleaned up)\n"
+        ));
+    }
+    let mut volumes = 0;
+    if matches!(target, Target::All) && !provisioners.is_empty() {
+        let pvs = Api::<PersistentVolume>::all(client.clone());
+        for pv in pvs
+            .list(&ListParams::default())
+            .await
+            .context("listing volumes (RBAC: list persistentvolumes)")?
+            .items
+            .iter()
+            .filter(|pv| has_finalizer(&pv.metadata.finalizers, FINALIZER_PV))
+            .filter(|pv| {
+                decide::claim_provisioner_of_volume(pv).is_some_and(|p| provisioners.contains(p))
+            })
+        {
+            if !dry_run {
+                let patch = decide::finalizer_patch(&pv.metadata.uid, FINALIZER_PV, false);
+                pvs.patch(
+                    &pv.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Strategic(&patch),
+                )
+                .await
+                .with_context(|| format!("releasing volume {}", pv.name_any()))?;
+            }
+            volumes += 1;
+            report.push_str(&format!(
+                "{verb} volume {} (its storage is no longer deleted by us)\n",
+                pv.name_any()
+            ));
+        }
+    }
+    report.push_str(&format!(
+        "{verb} {released} claim(s), {volumes} volume(s)\n"
+    ));
+    if matches!(target, Target::All) && provisioners.is_empty() {
+        report.push_str(&format!(
+            "volumes untouched: {FINALIZER_PV} is shared with other provisioners; name yours with --provisioner to release it\n"
+        ));
+    }
+    Ok(report)
+}
+
+/// Parses `namespace/name`.
+pub fn parse_claim(text: &str) -> Result<Target, String> {
+    match text.split_once('/') {
+        Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => Ok(Target::Claim {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }),
+        _ => Err(format!("expected NAMESPACE/NAME, got {text:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_are_named_namespace_slash_name() {
+        assert!(matches!(
+            parse_claim("team-a/data"),
+            Ok(Target::Claim { namespace, name }) if namespace == "team-a" && name == "data"
+        ));
+        assert!(parse_claim("data").is_err());
+        assert!(parse_claim("/data").is_err());
+    }
+}

@@ -1,0 +1,226 @@
+//! A fake API server behind a real `kube::Client`: an in-memory object map answering the GET,
+//! POST, PATCH and DELETE requests the reconciles make, and a log of every request for asserts.
+//! Only the semantics the controller relies on: NotFound, AlreadyExists, UID preconditions on
+//! delete, resourceVersion preconditions on merge patches, finalizer and annotation patches.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use kube::Client;
+use serde_json::{Value, json};
+
+/// One request as the fake saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: Method,
+    pub path: String,
+    pub body: Value,
+}
+
+#[derive(Default)]
+struct State {
+    objects: BTreeMap<String, Value>,
+    requests: Vec<Seen>,
+    version: u64,
+}
+
+/// The fake server; clone it freely (shared state).
+#[derive(Clone, Default)]
+pub struct FakeApi(Arc<Mutex<State>>);
+
+impl FakeApi {
+    /// A client whose every request this fake answers.
+    pub fn client(&self) -> Client {
+        let api = self.clone();
+        let service = tower::service_fn(move |request: Request<kube::client::Body>| {
+            let api = api.clone();
+            async move {
+                let (parts, body) = request.into_parts();
+                let bytes = body
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                let content_type = parts
+                    .headers
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                let (status, reply) =
+                    api.answer(&parts.method, parts.uri.path(), &content_type, &bytes);
+                Ok::<_, Infallible>(
+                    Response::builder()
+                        .status(status)
+                        .header(http::header::CONTENT_TYPE, "application/json")
+                        .body(Full::new(Bytes::from(reply.to_string())))
+                        .expect("response"),
+                )
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    /// Stores an object at its path (as if created by someone else).
+    pub fn put(&self, path: &str, object: Value) {
+        let mut state = self.0.lock().unwrap();
+        state.version += 1;
+        let mut object = object;
+        object["metadata"]["resourceVersion"] = json!(state.version.to_string());
+        state.objects.insert(path.to_string(), object);
+    }
+
+    /// The object at `path`, if any.
+    pub fn get(&self, path: &str) -> Option<Value> {
+        self.0.lock().unwrap().objects.get(path).cloned()
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<Seen> {
+        self.0.lock().unwrap().requests.clone()
+    }
+
+    /// Requests other than events (the writes the reconcile itself made, and its reads).
+    pub fn calls(&self) -> Vec<String> {
+        self.requests()
+            .into_iter()
+            .filter(|r| !r.path.contains("/events"))
+            .map(|r| format!("{} {}", r.method, r.path))
+            .collect()
+    }
+
+    /// Reasons of the events written so far.
+    pub fn event_reasons(&self) -> Vec<String> {
+        let state = self.0.lock().unwrap();
+        state
+            .objects
+            .iter()
+            .filter(|(path, _)| path.contains("/events/"))
+            .map(|(_, e)| e["reason"].as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+
+    fn answer(
+        &self,
+        method: &Method,
+        path: &str,
+        content_type: &str,
+        body: &[u8],
+    ) -> (StatusCode, Value) {
+        let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let mut state = self.0.lock().unwrap();
+        state.requests.push(Seen {
+            method: method.clone(),
+            path: path.to_string(),
+            body: body.clone(),
+        });
+        match *method {
+            Method::GET => match state.objects.get(path) {
+                Some(object) => (StatusCode::OK, object.clone()),
+                None => not_found(path),
+            },
+            Method::POST => {
+                let name = body["metadata"]["name"].as_str().unwrap_or_default();
+                let key = format!("{path}/{name}");
+                if state.objects.contains_key(&key) {
+                    return status(StatusCode::CONFLICT, "AlreadyExists", &key);
+                }
+                state.version += 1;
+                let mut object = body.clone();
+                object["metadata"]["resourceVersion"] = json!(state.version.to_string());
+                object["metadata"]["uid"] = json!(format!("uid-{name}"));
+                state.objects.insert(key, object.clone());
+                (StatusCode::CREATED, object)
+            }
+            Method::PATCH => {
+                let version = state.version + 1;
+                let Some(object) = state.objects.get_mut(path) else {
+                    return not_found(path);
+                };
+                let wanted = &body["metadata"]["resourceVersion"];
+                if content_type.contains("merge-patch")
+                    && !wanted.is_null()
+                    && *wanted != object["metadata"]["resourceVersion"]
+                {
+                    return status(StatusCode::CONFLICT, "Conflict", path);
+                }
+                apply_patch(object, &body, content_type.contains("strategic"));
+                object["metadata"]["resourceVersion"] = json!(version.to_string());
+                let object = object.clone();
+                state.version = version;
+                (StatusCode::OK, object)
+            }
+            Method::DELETE => {
+                let Some(object) = state.objects.get(path) else {
+                    return not_found(path);
+                };
+                let uid = &body["preconditions"]["uid"];
+                if !uid.is_null() && *uid != object["metadata"]["uid"] {
+                    return status(StatusCode::CONFLICT, "Conflict", path);
+                }
+                let object = state.objects.remove(path).expect("present");
+                (StatusCode::OK, object)
+            }
+            _ => status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", path),
+        }
+    }
+}
+
+/// Applies the patch shapes the controller sends: finalizer adds/removes (strategic merge) or a
+/// replaced list (merge), and annotations set or removed (null).
+fn apply_patch(object: &mut Value, patch: &Value, strategic: bool) {
+    let meta = &patch["metadata"];
+    let finalizers = object["metadata"]["finalizers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut finalizers: Vec<Value> = finalizers;
+    if let Some(add) = meta["finalizers"].as_array() {
+        if strategic {
+            for f in add {
+                if !finalizers.contains(f) {
+                    finalizers.push(f.clone());
+                }
+            }
+        } else {
+            finalizers = add.clone();
+        }
+    }
+    if let Some(remove) = meta["$deleteFromPrimitiveList/finalizers"].as_array() {
+        finalizers.retain(|f| !remove.contains(f));
+    }
+    object["metadata"]["finalizers"] = Value::Array(finalizers);
+    if let Some(annotations) = meta["annotations"].as_object() {
+        if !object["metadata"]["annotations"].is_object() {
+            object["metadata"]["annotations"] = json!({});
+        }
+        for (key, value) in annotations {
+            let target = object["metadata"]["annotations"]
+                .as_object_mut()
+                .expect("object");
+            if value.is_null() {
+                target.remove(key);
+            } else {
+                target.insert(key.clone(), value.clone());
+            }
+        }
+    }
+}
+
+fn not_found(path: &str) -> (StatusCode, Value) {
+    status(StatusCode::NOT_FOUND, "NotFound", path)
+}
+
+fn status(code: StatusCode, reason: &str, path: &str) -> (StatusCode, Value) {
+    (
+        code,
+        json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("{reason}: {path}"), "reason": reason, "code": code.as_u16(),
+        }),
+    )
+}

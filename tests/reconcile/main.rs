@@ -1,0 +1,576 @@
+//! The controller shell without a cluster: claim and volume reconciles against a fake API server
+//! behind a real `kube::Client`, with the real scripted guest from `guests/`. One test per branch
+//! of the claim and volume paths; the whole layer runs in seconds. The end-to-end suites prove
+//! the same paths against a real control plane.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod fake_api;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+use wasm_provisioner::controller::bookkeeping::Failure;
+use wasm_provisioner::controller::claims::{self, ClaimError};
+use wasm_provisioner::controller::decide::{ANN_CLASS_RECORD, FINALIZER_CLAIM, FINALIZER_PV};
+use wasm_provisioner::controller::gate::Mode;
+use wasm_provisioner::controller::plan::ANN_MAX_IN_FLIGHT;
+use wasm_provisioner::controller::{Caches, Context, Settings, volumes};
+use wasm_provisioner::metrics::{Metrics, Queue};
+use wasm_provisioner::wasm::{WasmEngine, load_dir};
+
+use common::{PluginsDir, dir_grant};
+use fake_api::FakeApi;
+
+const P: &str = "reconcile.wasm-provisioner.dev/scripted";
+const NS: &str = "ns";
+
+struct World {
+    api: FakeApi,
+    ctx: Arc<Context>,
+    claims: Writer<PersistentVolumeClaim>,
+    volumes: Writer<PersistentVolume>,
+    classes: Writer<StorageClass>,
+    storage: tempfile::TempDir,
+    _plugins: PluginsDir,
+}
+
+fn settings() -> Settings {
+    let mut settings = Settings {
+        failed_provision_threshold: 3,
+        create_pv_retry_count: 1,
+        ..Settings::default()
+    };
+    settings.election.mode = Mode::Off;
+    settings
+}
+
+impl World {
+    fn new(settings: Settings, limits: &str) -> World {
+        let storage = tempfile::tempdir().expect("tempdir");
+        let plugins = PluginsDir::new();
+        plugins.add(
+            "scripted",
+            "scripted",
+            &dir_grant(P, storage.path(), "/state", limits),
+        );
+        let loaded = load_dir(&WasmEngine::new().expect("engine"), plugins.path()).expect("load");
+        let api = FakeApi::default();
+        let (classes_store, classes) = reflector::store();
+        let (volumes_store, volumes) = reflector::store();
+        let (claims_store, claims) = reflector::store();
+        let ctx = Context::new(
+            api.client(),
+            Arc::new(loaded),
+            settings,
+            Caches {
+                classes: classes_store,
+                volumes: volumes_store,
+                claims: claims_store,
+            },
+            Metrics::new(),
+            None,
+        );
+        World {
+            api,
+            ctx: Arc::new(ctx),
+            claims,
+            volumes,
+            classes,
+            storage,
+            _plugins: plugins,
+        }
+    }
+
+    fn class(&mut self, name: &str, parameters: Value, annotations: Value) {
+        let class: StorageClass = serde_json::from_value(json!({
+            "metadata": {"name": name, "uid": format!("uid-class-{name}"), "annotations": annotations},
+            "provisioner": P,
+            "parameters": parameters,
+            "reclaimPolicy": "Delete",
+        }))
+        .expect("class");
+        self.classes
+            .apply_watcher_event(&watcher::Event::Apply(class));
+    }
+
+    fn drop_class(&mut self, name: &str) {
+        let class: StorageClass =
+            serde_json::from_value(json!({"metadata": {"name": name}, "provisioner": P}))
+                .expect("class");
+        self.classes
+            .apply_watcher_event(&watcher::Event::Delete(class));
+    }
+
+    /// A claim in the cache and in the fake API server.
+    fn claim(&mut self, claim: Value) -> Arc<PersistentVolumeClaim> {
+        let name = claim["metadata"]["name"].as_str().unwrap().to_string();
+        self.api.put(&claim_path(&name), claim.clone());
+        let stored = self.api.get(&claim_path(&name)).unwrap();
+        let pvc: PersistentVolumeClaim = serde_json::from_value(stored).expect("claim");
+        self.claims
+            .apply_watcher_event(&watcher::Event::Apply(pvc.clone()));
+        Arc::new(pvc)
+    }
+
+    /// The cache catches up with the API server for this claim.
+    fn sync_claim(&mut self, name: &str) -> Arc<PersistentVolumeClaim> {
+        let pvc: PersistentVolumeClaim =
+            serde_json::from_value(self.api.get(&claim_path(name)).expect("claim stored"))
+                .expect("claim");
+        self.claims
+            .apply_watcher_event(&watcher::Event::Apply(pvc.clone()));
+        Arc::new(pvc)
+    }
+
+    fn volume(&mut self, pv: Value) -> Arc<PersistentVolume> {
+        let name = pv["metadata"]["name"].as_str().unwrap().to_string();
+        self.api.put(&pv_path(&name), pv);
+        let stored: PersistentVolume =
+            serde_json::from_value(self.api.get(&pv_path(&name)).unwrap()).unwrap();
+        self.volumes
+            .apply_watcher_event(&watcher::Event::Apply(stored.clone()));
+        Arc::new(stored)
+    }
+
+    async fn provision(&self, pvc: &Arc<PersistentVolumeClaim>) -> Result<Action, ClaimError> {
+        claims::reconcile(pvc.clone(), self.ctx.clone()).await
+    }
+
+    async fn events(&self) -> Vec<String> {
+        self.ctx.recorder.flush(Duration::from_secs(5)).await;
+        self.api.event_reasons()
+    }
+
+    fn finalizers(&self, name: &str) -> Vec<String> {
+        self.api
+            .get(&claim_path(name))
+            .and_then(|c| serde_json::from_value(c["metadata"]["finalizers"].clone()).ok())
+            .unwrap_or_default()
+    }
+
+    fn guest_calls(&self) -> String {
+        std::fs::read_to_string(self.storage.path().join("calls.log")).unwrap_or_default()
+    }
+}
+
+fn claim_path(name: &str) -> String {
+    format!("/api/v1/namespaces/{NS}/persistentvolumeclaims/{name}")
+}
+
+fn pv_path(name: &str) -> String {
+    format!("/api/v1/persistentvolumes/{name}")
+}
+
+fn claim_of(name: &str, class: &str, provisioner: &str) -> Value {
+    json!({
+        "metadata": {
+            "name": name, "namespace": NS, "uid": format!("u-{name}"),
+            "annotations": {"volume.beta.kubernetes.io/storage-provisioner": provisioner},
+        },
+        "spec": {
+            "storageClassName": class, "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}},
+        }
+    })
+}
+
+fn requeue_after(action: &Action) -> Option<Duration> {
+    // Action keeps its delay private; its Debug form is stable: `Some(123ms)`.
+    let text = format!("{action:?}");
+    let inner = text.split("Some(").nth(1)?.split(')').next()?;
+    if let Some(ms) = inner.strip_suffix("ms") {
+        return ms
+            .parse::<f64>()
+            .ok()
+            .map(|v| Duration::from_secs_f64(v / 1000.0));
+    }
+    inner
+        .strip_suffix('s')?
+        .parse::<f64>()
+        .ok()
+        .map(Duration::from_secs_f64)
+}
+
+#[tokio::test]
+async fn a_claim_is_provisioned_with_three_writes_and_its_class_recorded_with_the_intent() {
+    let mut world = World::new(settings(), "");
+    world.class("fast", json!({}), json!({}));
+    let pvc = world.claim(claim_of("data", "fast", P));
+    world.provision(&pvc).await.expect("provisioned");
+    let calls = world.api.calls();
+    let writes: Vec<&String> = calls.iter().filter(|c| !c.starts_with("GET")).collect();
+    assert_eq!(
+        writes,
+        [
+            &format!("PATCH {}", claim_path("data")),
+            &"POST /api/v1/persistentvolumes".to_string(),
+            &format!("PATCH {}", claim_path("data")),
+        ],
+        "{calls:#?}"
+    );
+    let intent =
+        &world.api.requests()[calls.iter().position(|c| c.starts_with("PATCH")).unwrap()].body;
+    assert!(
+        intent["metadata"]["annotations"][ANN_CLASS_RECORD]
+            .as_str()
+            .is_some_and(|r| r.contains("\"fast\"")),
+        "the class is recorded with the finalizer: {intent}"
+    );
+    assert!(world.api.get(&pv_path("pvc-u-data")).is_some());
+    assert!(world.finalizers("data").is_empty());
+    let claim = world.api.get(&claim_path("data")).unwrap();
+    assert!(claim["metadata"]["annotations"][ANN_CLASS_RECORD].is_null());
+    let events = world.events().await;
+    assert!(
+        events.contains(&"ProvisioningSucceeded".to_string()),
+        "{events:?}"
+    );
+}
+
+#[tokio::test]
+async fn ten_thousand_foreign_claims_and_volumes_leave_no_trace() {
+    let mut world = World::new(settings(), "");
+    world.class("fast", json!({}), json!({}));
+    for n in 0..10_000 {
+        let pvc: PersistentVolumeClaim =
+            serde_json::from_value(claim_of(&format!("f{n}"), "other", "example.com/other"))
+                .unwrap();
+        claims::reconcile(Arc::new(pvc), world.ctx.clone())
+            .await
+            .expect("foreign claims are not an error");
+        let pv: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": format!("pv-f{n}"), "uid": format!("uid-pv-f{n}"),
+                         "annotations": {"pv.kubernetes.io/provisioned-by": "example.com/other"}},
+            "spec": {"persistentVolumeReclaimPolicy": "Delete"},
+            "status": {"phase": "Released"}
+        }))
+        .unwrap();
+        volumes::reconcile(Arc::new(pv), world.ctx.clone())
+            .await
+            .expect("foreign volumes are not an error");
+    }
+    assert!(
+        world.api.requests().is_empty(),
+        "{:?}",
+        &world.api.calls()[..5]
+    );
+    assert_eq!(world.ctx.claim_book.len(), 0, "failure book of claims");
+    assert_eq!(world.ctx.volume_book.len(), 0, "failure book of volumes");
+    assert_eq!(world.ctx.metrics.retries_waiting(Queue::Claims), 0);
+    assert_eq!(world.ctx.metrics.retries_waiting(Queue::Volumes), 0);
+    assert_eq!(world.ctx.recorder.queued(), 0, "event queue");
+    assert_eq!(world.ctx.recorder.series_len(), 0, "event series");
+    assert_eq!(world.ctx.recent.len(), 0, "recent writes");
+}
+
+#[tokio::test]
+async fn a_final_refusal_releases_the_claim_so_deleting_it_never_hangs() {
+    let mut world = World::new(settings(), "");
+    world.class("broken", json!({"fail": "final"}), json!({}));
+    let pvc = world.claim(claim_of("data", "broken", P));
+    let error = world.provision(&pvc).await.expect_err("final");
+    assert_eq!(error.label(), "final");
+    assert!(
+        world.finalizers("data").is_empty(),
+        "the guest holds no storage, so no finalizer may keep the claim: {:?}",
+        world.finalizers("data")
+    );
+    assert!(
+        world
+            .events()
+            .await
+            .contains(&"ProvisioningFailed".to_string())
+    );
+}
+
+#[tokio::test]
+async fn a_given_up_claim_is_released() {
+    let mut world = World::new(settings(), "");
+    world.class("trapping", json!({"fail": "trap"}), json!({}));
+    let pvc = world.claim(claim_of("data", "trapping", P));
+    for attempt in 1..=3 {
+        let error = world.provision(&pvc).await.expect_err("trap");
+        assert!(error.counts(), "attempt {attempt}: {error}");
+        if attempt < 3 {
+            assert_eq!(
+                world.finalizers("data"),
+                [FINALIZER_CLAIM],
+                "a fault may leave storage: the finalizer stays while attempts go on"
+            );
+        }
+    }
+    assert!(world.finalizers("data").is_empty(), "given up: released");
+    assert!(
+        world
+            .events()
+            .await
+            .contains(&"ProvisioningGivenUp".to_string())
+    );
+    let calls_before = world.guest_calls().lines().count();
+    world
+        .provision(&pvc)
+        .await
+        .expect("given up: nothing to do");
+    assert_eq!(
+        world.guest_calls().lines().count(),
+        calls_before,
+        "no more guest calls"
+    );
+}
+
+#[tokio::test]
+async fn a_busy_guest_is_looked_at_again_shortly_without_a_failure() {
+    let mut world = World::new(settings(), "max-concurrency = 1");
+    world.class("slow", json!({"delayMs": "1500"}), json!({}));
+    let first = world.claim(claim_of("first", "slow", P));
+    let second = world.claim(claim_of("second", "slow", P));
+    let running = tokio::spawn({
+        let ctx = world.ctx.clone();
+        let first = first.clone();
+        async move { claims::reconcile(first, ctx).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let action = world
+        .provision(&second)
+        .await
+        .expect("busy is not an error");
+    let wait = requeue_after(&action).expect("requeued");
+    assert!(wait <= Duration::from_millis(250), "{action:?}");
+    assert!(
+        world.finalizers("second").is_empty(),
+        "no intent before a guest call"
+    );
+    running.await.unwrap().expect("the first claim provisions");
+    assert_eq!(world.ctx.metrics.retries_waiting(Queue::Claims), 0);
+}
+
+#[tokio::test]
+async fn a_class_limit_holds_its_own_claims_and_not_the_others() {
+    let mut world = World::new(settings(), "");
+    world.class(
+        "storm",
+        json!({"delayMs": "1500"}),
+        json!({ANN_MAX_IN_FLIGHT: "1"}),
+    );
+    world.class("quiet", json!({}), json!({}));
+    let first = world.claim(claim_of("s1", "storm", P));
+    let second = world.claim(claim_of("s2", "storm", P));
+    let other = world.claim(claim_of("q1", "quiet", P));
+    let running = tokio::spawn({
+        let ctx = world.ctx.clone();
+        async move { claims::reconcile(first, ctx).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let action = world.provision(&second).await.expect("busy class");
+    assert!(requeue_after(&action).is_some_and(|w| w <= Duration::from_millis(250)));
+    assert!(world.api.get(&pv_path("pvc-u-s2")).is_none());
+    world
+        .provision(&other)
+        .await
+        .expect("other class goes ahead");
+    assert!(world.api.get(&pv_path("pvc-u-q1")).is_some());
+    running.await.unwrap().expect("first of the storm");
+    world.provision(&second).await.expect("now its turn");
+    assert!(world.api.get(&pv_path("pvc-u-s2")).is_some());
+}
+
+#[tokio::test]
+async fn a_deleted_claim_whose_class_is_gone_is_cleaned_up_from_its_record() {
+    let mut world = World::new(settings(), "");
+    world.class(
+        "fast",
+        json!({"fail": "transient", "failTimes": "1"}),
+        json!({}),
+    );
+    let pvc = world.claim(claim_of("data", "fast", P));
+    world
+        .provision(&pvc)
+        .await
+        .expect_err("transient: storage may exist");
+    assert_eq!(world.finalizers("data"), [FINALIZER_CLAIM]);
+    // The class goes, then the claim is deleted.
+    world.drop_class("fast");
+    let mut deleted = world.api.get(&claim_path("data")).unwrap();
+    deleted["metadata"]["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
+    world.api.put(&claim_path("data"), deleted);
+    let deleted = world.sync_claim("data");
+    world.provision(&deleted).await.expect("cleaned up");
+    assert!(world.finalizers("data").is_empty(), "released");
+    let calls = world.guest_calls();
+    assert!(
+        calls.contains("delete"),
+        "the guest deleted the storage: {calls}"
+    );
+    assert!(
+        world
+            .events()
+            .await
+            .contains(&"ProvisioningAbandoned".to_string())
+    );
+}
+
+#[tokio::test]
+async fn deleted_claims_of_provisioners_never_served_here_are_left_alone() {
+    let mut world = World::new(settings(), "");
+    let mut foreign = claim_of("theirs", "x", "example.com/elsewhere");
+    foreign["metadata"]["finalizers"] = json!([FINALIZER_CLAIM]);
+    foreign["metadata"]["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
+    let pvc = world.claim(foreign);
+    world.provision(&pvc).await.expect("nothing to do");
+    assert!(world.api.calls().is_empty(), "{:?}", world.api.calls());
+    assert!(
+        world.events().await.is_empty(),
+        "no WaitingForGuest for a stranger"
+    );
+}
+
+#[tokio::test]
+async fn an_unparsable_claim_fails_with_an_event() {
+    let mut world = World::new(settings(), "");
+    world.class("fast", json!({}), json!({}));
+    let mut bad = claim_of("bad", "fast", P);
+    bad["spec"]["resources"]["requests"]["storage"] = json!("lots");
+    let pvc = world.claim(bad);
+    let error = world.provision(&pvc).await.expect_err("invalid");
+    assert_eq!(error.label(), "invalid-claim");
+    assert_eq!(world.events().await, ["ProvisioningFailed"]);
+    assert!(world.guest_calls().is_empty(), "the guest is not called");
+}
+
+#[tokio::test]
+async fn the_intent_is_written_again_when_the_cache_still_shows_our_removed_finalizer() {
+    let mut world = World::new(settings(), "");
+    world.class(
+        "flaky",
+        json!({"fail": "final", "failTimes": "1"}),
+        json!({}),
+    );
+    let pvc = world.claim(claim_of("data", "flaky", P));
+    world
+        .provision(&pvc)
+        .await
+        .expect_err("first attempt fails for good");
+    assert!(world.finalizers("data").is_empty());
+    // The cache still shows the finalizer our failed attempt added and then removed.
+    let mut stale = (*pvc).clone();
+    stale.metadata.finalizers = Some(vec![FINALIZER_CLAIM.to_string()]);
+    let before = world.api.requests().len();
+    world
+        .provision(&Arc::new(stale))
+        .await
+        .expect("second attempt");
+    let after: Vec<_> = world.api.requests()[before..].to_vec();
+    let first_write = after
+        .iter()
+        .find(|r| r.method != http::Method::GET && !r.path.contains("/events"))
+        .expect("writes");
+    assert_eq!(first_write.path, claim_path("data"));
+    assert_eq!(
+        first_write.body["metadata"]["finalizers"][0], FINALIZER_CLAIM,
+        "the intent goes on before the guest is called again: {:?}",
+        first_write.body
+    );
+}
+
+#[tokio::test]
+async fn a_claim_whose_class_is_missing_fails_counted_with_an_event() {
+    let mut world = World::new(settings(), "");
+    let pvc = world.claim(claim_of("data", "nowhere", P));
+    let error = world.provision(&pvc).await.expect_err("class missing");
+    assert_eq!(error.label(), "class-not-found");
+    assert!(error.counts());
+    assert_eq!(world.events().await, ["ProvisioningFailed"]);
+    assert!(world.finalizers("data").is_empty());
+}
+
+fn our_pv(name: &str, phase: &str, deleting: bool, finalizers: &[&str]) -> Value {
+    let mut pv = json!({
+        "metadata": {"name": name, "uid": format!("uid-{name}"), "finalizers": finalizers,
+                     "annotations": {"pv.kubernetes.io/provisioned-by": P}},
+        "spec": {"persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
+                 "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "hostPath": {"path": "/nowhere"}},
+        "status": {"phase": phase}
+    });
+    if deleting {
+        pv["metadata"]["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
+    }
+    pv
+}
+
+#[tokio::test]
+async fn a_released_volume_is_deleted_by_its_guest_then_removed() {
+    let mut world = World::new(settings(), "");
+    world.class("fast", json!({}), json!({}));
+    let pv = world.volume(our_pv("pvc-r", "Released", false, &[]));
+    volumes::reconcile(pv, world.ctx.clone())
+        .await
+        .expect("deleted");
+    assert!(world.guest_calls().contains("delete"));
+    assert!(world.api.get(&pv_path("pvc-r")).is_none(), "PV removed");
+}
+
+#[tokio::test]
+async fn a_bound_volume_deleted_in_finalizer_mode_keeps_its_storage() {
+    let mut world = World::new(
+        Settings {
+            add_pv_finalizer: true,
+            ..settings()
+        },
+        "",
+    );
+    world.class("fast", json!({}), json!({}));
+    let pv = world.volume(our_pv("pvc-b", "Bound", true, &[FINALIZER_PV]));
+    volumes::reconcile(pv, world.ctx.clone())
+        .await
+        .expect("nothing to do yet");
+    assert!(
+        world.guest_calls().is_empty(),
+        "storage deleted while its claim is bound: {}",
+        world.guest_calls()
+    );
+    assert!(world.api.calls().iter().all(|c| !c.starts_with("DELETE")));
+    // Once the claim is gone the PV is Released: now the storage goes, and the PV with it.
+    let pv = world.volume(our_pv("pvc-b", "Released", true, &[FINALIZER_PV]));
+    volumes::reconcile(pv, world.ctx.clone())
+        .await
+        .expect("deleted");
+    assert!(world.guest_calls().contains("delete"));
+}
+
+#[tokio::test]
+async fn finalizer_mode_puts_the_pv_finalizer_on_bound_volumes() {
+    let mut world = World::new(
+        Settings {
+            add_pv_finalizer: true,
+            ..settings()
+        },
+        "",
+    );
+    let pv = world.volume(our_pv("pvc-f", "Bound", false, &[]));
+    volumes::reconcile(pv, world.ctx.clone())
+        .await
+        .expect("patched");
+    let stored = world.api.get(&pv_path("pvc-f")).unwrap();
+    assert_eq!(stored["metadata"]["finalizers"][0], FINALIZER_PV);
+}
+
+#[tokio::test]
+async fn a_standby_makes_no_request_at_all() {
+    let mut standby = settings();
+    standby.election.mode = Mode::Leader;
+    let mut world = World::new(standby, "");
+    world.class("fast", json!({}), json!({}));
+    let pvc = world.claim(claim_of("data", "fast", P));
+    let error = world.provision(&pvc).await.expect_err("not the leader");
+    assert!(error.gate().is_some());
+    assert!(world.api.requests().is_empty());
+    assert!(world.guest_calls().is_empty());
+}
