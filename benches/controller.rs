@@ -8,7 +8,8 @@
 //! * start-up: process start to "controller started".
 //!
 //! `WP_BENCH_CLAIMS` (default 1000) and `WP_BENCH_OBJECTS` (default 10000) size the runs;
-//! `WP_BENCH_PARTS` (default `throughput,memory`) picks the parts.
+//! `WP_BENCH_PARTS` (default `throughput,memory`) picks the parts; `WP_BENCH_PROFILES` (indexes,
+//! default all) picks the client profiles.
 //! Nothing is asserted; figures go to stdout.
 
 #[path = "../tests/common/mod.rs"]
@@ -39,7 +40,7 @@ struct Profile {
     extra: &'static [&'static str],
 }
 
-const PROFILES: [Profile; 3] = [
+const PROFILES: [Profile; 5] = [
     Profile {
         name: "defaults (qps 20, burst 40, 4 workers)",
         qps: 20.0,
@@ -48,20 +49,46 @@ const PROFILES: [Profile; 3] = [
         extra: &[],
     },
     Profile {
+        name: "equal budget (qps 100, burst 200, 4 workers), intent log",
+        qps: 100.0,
+        burst: 200,
+        workers: 4,
+        extra: &[],
+    },
+    Profile {
+        name: "equal budget, --intent-record=claim-finalizer",
+        qps: 100.0,
+        burst: 200,
+        workers: 4,
+        extra: &["--intent-record=claim-finalizer"],
+    },
+    Profile {
+        name: "equal budget, --intent-record=off (no leak protection)",
+        qps: 100.0,
+        burst: 200,
+        workers: 4,
+        extra: &["--intent-record=off"],
+    },
+    Profile {
         name: "raised (qps 200, burst 400, 16 workers)",
         qps: 200.0,
         burst: 400,
         workers: 16,
         extra: &[],
     },
-    Profile {
-        name: "raised, --claim-finalizer=false",
-        qps: 200.0,
-        burst: 400,
-        workers: 16,
-        extra: &["--claim-finalizer=false"],
-    },
 ];
+
+/// The profiles to run: `WP_BENCH_PROFILES` as comma-separated indexes into [`PROFILES`].
+fn profiles() -> Vec<(usize, &'static Profile)> {
+    let picked: Option<Vec<usize>> = std::env::var("WP_BENCH_PROFILES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|i| i.trim().parse().ok()).collect());
+    PROFILES
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| picked.as_ref().is_none_or(|p| p.contains(i)))
+        .collect()
+}
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -219,6 +246,8 @@ async fn provision_run(
         .args(["--worker-threads", &p.workers.to_string()])
         .args(p.extra)
         .args(["--leader-election=false"])
+        // The intent log lives where the provisioner's Role is (deploy/rbac.yaml).
+        .args(["--leader-election-namespace", "wasm-provisioner"])
         .env("RUST_LOG", "warn");
     let mut process = Process::spawn(cmd, cp.run_dir().join(format!("bench-{tag}.log")))?;
     let before = request_counts(admin).await?;
@@ -440,7 +469,7 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let mut calls = Vec::new();
-    for (i, profile) in PROFILES.iter().enumerate() {
+    for (i, profile) in profiles() {
         let (raw_create, raw_delete) = raw_rate(admin, n, profile, &i.to_string()).await?;
         let run = provision_run(cp, admin, n, profile, &i.to_string()).await?;
         let (rc, rd) = (rate(n, raw_create), rate(n, raw_delete));

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::controller::Settings;
 use crate::controller::gate::{ElectionSettings, Mode};
 use crate::controller::leader::Timing;
 use crate::controller::node::NodeSettings;
+use crate::controller::{IntentRecord, Settings};
 
 /// A Kubernetes dynamic volume provisioner whose storage logic is WebAssembly components.
 #[derive(Debug, Parser)]
@@ -127,9 +127,14 @@ pub struct RunArgs {
     /// Keep `external-provisioner.volume.kubernetes.io/finalizer` on bound PVs with the Delete policy.
     #[arg(long, default_value_t = false)]
     pub add_pv_finalizer: bool,
-    /// Put `wasm-provisioner.dev/provisioning` on a claim before calling its guest, so a claim
-    /// deleted mid-provision or a crash cannot leak storage. Costs two API writes per claim.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    /// How the intent to provision is recorded before a guest is called, so a claim deleted
+    /// mid-provision or a crash cannot leak storage: `log` (one batched ConfigMap per replica,
+    /// about one API write per claim), `claim-finalizer` (wasm-provisioner.dev/provisioning on
+    /// the claim, two more writes per claim; always used in per-claim and node modes) or `off`.
+    #[arg(long, value_enum, default_value_t = IntentMode::Log)]
+    pub intent_record: IntentMode,
+    /// `--claim-finalizer=false` is `--intent-record=off` (kept for existing deployments).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", hide = true)]
     pub claim_finalizer: bool,
     /// How long in-flight work may take to finish after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
@@ -143,7 +148,7 @@ pub struct RunArgs {
     /// `leader`: one replica works, the others stand by; `per-claim`: all work, one lease per claim/volume.
     #[arg(long, value_enum, default_value_t = ElectionMode::Leader)]
     pub leader_election_mode: ElectionMode,
-    /// Namespace of the leases [default: $POD_NAMESPACE, else the service account's, else `default`].
+    /// Namespace of the leases and the intent log [default: $POD_NAMESPACE, else the service account's, else `default`].
     #[arg(long, env = "POD_NAMESPACE")]
     pub leader_election_namespace: Option<String>,
     /// Name of the leader lease (and prefix of per-claim leases) [default: the binary's name].
@@ -221,6 +226,17 @@ fn parse_node_name(text: &str) -> Result<String, String> {
             "{text:?} is not a node name (a DNS subdomain: a-z, 0-9, '-', '.')"
         ))
     }
+}
+
+/// `--intent-record`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IntentMode {
+    /// One batched intent log (ConfigMap) per replica.
+    Log,
+    /// A finalizer on each claim.
+    ClaimFinalizer,
+    /// No intent record.
+    Off,
 }
 
 /// `--leader-election-mode`.
@@ -378,7 +394,7 @@ impl RunArgs {
             provision_timeout: self.provision_timeout,
             delete_timeout: self.delete_timeout,
             add_pv_finalizer: self.add_pv_finalizer,
-            claim_finalizer: self.claim_finalizer,
+            intent: self.intent(),
             kube_api_qps: self.kube_api_qps,
             kube_api_burst: self.kube_api_burst,
             shutdown_grace: self.shutdown_grace,
@@ -386,6 +402,19 @@ impl RunArgs {
             instance: self.instance_name.clone(),
             election: self.election(),
             node: self.node_settings(),
+        }
+    }
+
+    fn intent(&self) -> IntentRecord {
+        // Where every replica works at once, one replica's log cannot tell another's claims in
+        // flight from abandoned ones: the claim itself carries the intent there.
+        let shared = self.node_deployment
+            || (self.leader_election && self.leader_election_mode == ElectionMode::PerClaim);
+        match (self.claim_finalizer, self.intent_record) {
+            (false, _) | (_, IntentMode::Off) => IntentRecord::Off,
+            (true, IntentMode::ClaimFinalizer) => IntentRecord::ClaimFinalizer,
+            (true, IntentMode::Log) if shared => IntentRecord::ClaimFinalizer,
+            (true, IntentMode::Log) => IntentRecord::Log,
         }
     }
 

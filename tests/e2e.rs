@@ -24,6 +24,7 @@ use wp_harness::{ControlPlane, Process, wait_for};
 use common::PluginsDir;
 
 const WAIT: Duration = Duration::from_secs(60);
+const OUR_FINALIZER: &str = "wasm-provisioner.dev/provisioning";
 
 /// One test's world: namespace, provisioner name, storage, plugins, and the provisioner process.
 struct World {
@@ -624,12 +625,52 @@ async fn killed_then_claim_deleted_while_down_leaves_no_storage(
     .with_context(|| w.log())?;
     w.process.as_mut().unwrap().kill();
     w.claims().delete("data", &DeleteParams::default()).await?;
+    // The default intent record is the log: the claim carries nothing of ours and goes at once.
+    w.wait_claim_gone("data").await?;
+    ensure!(
+        w.storage_of(&pv).exists(),
+        "storage left behind by the crash"
+    );
+    w.start(&[])?;
+    let storage = w.storage_of(&pv);
+    wait_for(
+        "the restarted controller deleted the storage",
+        WAIT,
+        || async { Ok((!storage.exists()).then_some(())) },
+    )
+    .await
+    .with_context(|| w.log())?;
+    ensure!(w.pvs().get_opt(&pv).await?.is_none());
+    Ok(())
+}
+
+/// The same crash with the intent on the claim itself (`--intent-record=claim-finalizer`, the
+/// record of per-claim and node modes): the finalizer holds the claim until the cleanup is done.
+async fn killed_then_claim_deleted_while_down_with_claim_finalizer(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "killed-deleted-cf", "scripted").await?;
+    let mode = ["--intent-record=claim-finalizer"];
+    w.start(&mode)?;
+    let class = w
+        .create_class("slow", &[("delayMs", "4000")], "Delete")
+        .await?;
+    let claim = w.create_claim("data", &class).await?;
+    let pv = format!("pvc-{}", uid(&claim));
+    let marker = w.storage.path().join(format!("{pv}.started"));
+    wait_for("guest started", WAIT, || async {
+        Ok(marker.exists().then_some(()))
+    })
+    .await
+    .with_context(|| w.log())?;
+    w.process.as_mut().unwrap().kill();
+    w.claims().delete("data", &DeleteParams::default()).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     ensure!(
         w.claims().get_opt("data").await?.is_some(),
         "our finalizer holds the claim while nobody cleans up"
     );
-    w.start(&[])?;
+    w.start(&mode)?;
     w.wait_claim_gone("data").await?;
     ensure!(
         !w.storage_of(&pv).exists(),
@@ -731,7 +772,8 @@ async fn wait_for_first_consumer_waits_for_the_selected_node(
 
 async fn reschedule_drops_the_selected_node(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
     let mut w = World::new(cp, "reschedule", "scripted").await?;
-    w.start(&[])?;
+    // The claim carries the intent in this mode: the reschedule must drop it with the node.
+    w.start(&["--intent-record=claim-finalizer"])?;
     let class = w
         .create_wffc_class("local", &[("fail", "reschedule")])
         .await?;
@@ -1018,7 +1060,11 @@ async fn a_refused_claim_can_be_deleted_after_uninstall(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
     let mut w = World::new(cp, "refused-uninstall", "scripted").await?;
-    w.start(&["--failed-provision-threshold", "1"])?;
+    w.start(&[
+        "--failed-provision-threshold",
+        "1",
+        "--intent-record=claim-finalizer",
+    ])?;
     let class = w
         .create_class("broken", &[("fail", "final")], "Delete")
         .await?;
@@ -1027,7 +1073,7 @@ async fn a_refused_claim_can_be_deleted_after_uninstall(
     let claims = w.claims();
     wait_for("finalizer released", WAIT, || async {
         let c = claims.get("data").await?;
-        Ok(c.finalizers().is_empty().then_some(()))
+        Ok((!c.finalizers().iter().any(|f| f == OUR_FINALIZER)).then_some(()))
     })
     .await
     .with_context(|| w.log())?;
@@ -1043,7 +1089,7 @@ async fn release_finalizers_unblocks_claims_after_uninstall(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
     let mut w = World::new(cp.clone(), "release", "scripted").await?;
-    w.start(&[])?;
+    w.start(&["--intent-record=claim-finalizer"])?;
     let class = w
         .create_class("flaky", &[("fail", "transient")], "Delete")
         .await?;
@@ -1051,7 +1097,10 @@ async fn release_finalizers_unblocks_claims_after_uninstall(
     let claims = w.claims();
     wait_for("intent recorded", WAIT, || async {
         let c = claims.get("data").await?;
-        Ok((!c.finalizers().is_empty()).then_some(()))
+        Ok(c.finalizers()
+            .iter()
+            .any(|f| f == OUR_FINALIZER)
+            .then_some(()))
     })
     .await
     .with_context(|| w.log())?;
@@ -1102,6 +1151,7 @@ fn main() -> std::process::ExitCode {
             a_claim_deleted_while_the_guest_works_leaves_nothing,
             killed_between_guest_and_pv_create_ends_with_one_pv,
             killed_then_claim_deleted_while_down_leaves_no_storage,
+            killed_then_claim_deleted_while_down_with_claim_finalizer,
             claims_with_the_same_name_over_time_get_their_own_volumes,
             claims_for_other_provisioners_are_never_touched,
             wait_for_first_consumer_waits_for_the_selected_node,

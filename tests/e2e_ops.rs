@@ -306,8 +306,11 @@ impl Cycle {
         }
         if has_leader_election() {
             // Per-claim mode uses get, create, update and delete of leases; list and watch are
-            // the whole-controller campaign's lease watch, so those two variants run that mode.
-            let watching = tag.ends_with("leases-list") || tag.ends_with("leases-watch");
+            // the whole-controller campaign's lease watch, so those variants run that mode.
+            // The intent log (configmaps) is written in leader mode only.
+            let watching = tag.ends_with("leases-list")
+                || tag.ends_with("leases-watch")
+                || tag.contains("configmaps");
             let mode = if watching { "leader" } else { "per-claim" };
             cmd.args([
                 "--leader-election=true",

@@ -73,6 +73,8 @@ impl World {
             .arg(cp.provisioner_kubeconfig())
             // One replica per test: no lease to elect.
             .arg("--leader-election=false")
+            // The intent log lives where the provisioner's Role is (deploy/rbac.yaml).
+            .args(["--leader-election-namespace", "wasm-provisioner"])
             .args([
                 "--retry-interval-start",
                 "300ms",

@@ -19,7 +19,6 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::info_span;
 
-use super::Context;
 use super::bookkeeping::{Done, Failure, Operation, Tracked, busy_wait};
 use super::cleanup;
 use super::decide::{self, FINALIZER_CLAIM, Serving};
@@ -27,8 +26,10 @@ use super::events;
 use super::failures::fingerprint;
 use super::gate::{GateError, LockKey};
 use super::handle::Handle;
+use super::intent::{Intent, IntentError};
 use super::node::{ClaimOwner, Pin};
 use super::plan::{self, ClaimFacts, ClaimPlan, DeletedOwner, Reaction};
+use super::{Context, IntentRecord};
 use crate::wasm::bindings::types::{ProvisionError, ProvisionRequest};
 use crate::wasm::convert::{self, ConvertError, PvIdentity};
 use crate::wasm::{Availability, CallError, Guest, Plugins};
@@ -81,6 +82,9 @@ pub enum ClaimError {
     /// This replica may not write now (not the leader, or another replica holds the claim).
     #[error(transparent)]
     Gate(#[from] GateError),
+    /// The intent could not be recorded, so the guest was not called.
+    #[error(transparent)]
+    Intent(#[from] IntentError),
 }
 
 impl Failure for ClaimError {
@@ -113,6 +117,7 @@ impl Failure for ClaimError {
             ClaimError::Timeout(_) => "timeout",
             ClaimError::NoUid => "invalid-claim",
             ClaimError::Gate(_) => "not-leader",
+            ClaimError::Intent(_) => "intent",
         }
     }
 
@@ -205,10 +210,7 @@ pub async fn reconcile(
     if given_up {
         // No more attempts, so no more storage: the finalizer must not keep the claim forever.
         let _entered = span.enter();
-        if let Err(error) = handle
-            .set_claim_finalizer::<ClaimError>(&pvc, false, None)
-            .await
-        {
+        if let Err(error) = handle.release_claim::<ClaimError>(&pvc).await {
             tracing::warn!(%error, "could not release the finalizer of a given-up claim");
         }
     }
@@ -371,9 +373,7 @@ async fn call_guest(
     {
         let uid = pvc.metadata.uid.clone().unwrap_or_default();
         ctx.claim_book.give_up(&uid, claim_fingerprint(pvc, ctx));
-        handle
-            .set_claim_finalizer::<ClaimError>(pvc, false, None)
-            .await?;
+        handle.release_claim::<ClaimError>(pvc).await?;
         warn_claim(
             handle,
             pvc,
@@ -399,19 +399,34 @@ async fn call_guest(
         .map_err(ClaimError::Guest)?
     {
         tracing::debug!("guest's qualifier declined the claim");
-        handle
-            .set_claim_finalizer::<ClaimError>(pvc, false, None)
-            .await?;
+        handle.release_claim::<ClaimError>(pvc).await?;
         return Ok(Done::Nothing);
     }
 
-    let pvc = if ctx.settings.claim_finalizer {
-        let record = decide::class_record(class);
-        handle
-            .set_claim_finalizer::<ClaimError>(pvc, true, Some(&record))
-            .await?
-    } else {
-        pvc.clone()
+    let pvc = match (ctx.settings.intent, &ctx.intents) {
+        (IntentRecord::ClaimFinalizer, _) => {
+            let record = decide::class_record(class);
+            match handle
+                .set_claim_finalizer::<ClaimError>(pvc, true, Some(&record))
+                .await
+            {
+                Ok(updated) => updated,
+                // The claim changed since the cache showed it: decide again on the new one.
+                Err(ClaimError::Kube(kube::Error::Api(status))) if status.is_conflict() => {
+                    tracing::debug!("claim changed since it was read; looking again");
+                    return Ok(Done::RetryIn(busy_wait()));
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        (IntentRecord::Log, Some(log)) => {
+            let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
+            handle.gate().await?;
+            log.record(uid, &Intent::new(&class.provisioner, &pv_name, pvc, class))
+                .await?;
+            pvc.clone()
+        }
+        (IntentRecord::Log | IntentRecord::Off, _) => pvc.clone(),
     };
     handle.event(
         &pvc.object_ref(&()),
@@ -435,9 +450,7 @@ async fn call_guest(
             if let CallError::Rejected { .. } = error {
                 // The host refused what the guest built: nothing of it is saved, and the
                 // guest's next answer decides anew. A fault keeps the finalizer: storage may exist.
-                handle
-                    .set_claim_finalizer::<ClaimError>(&pvc, false, None)
-                    .await?;
+                handle.release_claim::<ClaimError>(&pvc).await?;
             }
             return Err(ClaimError::Guest(error));
         }
@@ -479,9 +492,7 @@ async fn react(
     match plan::react(&error, decide::selected_node(pvc).is_some()) {
         Reaction::Ignore => {
             tracing::debug!(%guest, ?error, "guest ignored the claim");
-            handle
-                .set_claim_finalizer::<ClaimError>(pvc, false, None)
-                .await?;
+            handle.release_claim::<ClaimError>(pvc).await?;
             Ok(Done::Nothing)
         }
         Reaction::Retry(message) => Err(ClaimError::Transient(message)),
@@ -509,10 +520,11 @@ async fn react(
                     }
                 });
                 handle.merge_patch_claim(pvc, &patch).await??;
+                if let Some(log) = &handle.ctx().intents {
+                    log.done(pvc.metadata.uid.as_deref().unwrap_or_default());
+                }
             } else {
-                handle
-                    .set_claim_finalizer::<ClaimError>(pvc, false, None)
-                    .await?;
+                handle.release_claim::<ClaimError>(pvc).await?;
             }
             Ok(Done::Nothing)
         }
@@ -523,9 +535,7 @@ async fn react(
             };
             warn_claim(handle, pvc, events::PROVISIONING_FAILED, error.to_string());
             // The guest says it holds no storage for this claim: nothing for a finalizer to guard.
-            handle
-                .set_claim_finalizer::<ClaimError>(pvc, false, None)
-                .await?;
+            handle.release_claim::<ClaimError>(pvc).await?;
             Err(ClaimError::Guest(error))
         }
     }

@@ -1,18 +1,21 @@
 //! The claim path's endings: saving the PV a guest built (or deleting its storage when that
 //! fails), cleaning up after a claim deleted mid-provision, and releasing our finalizer.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::{Api, Resource, ResourceExt};
 
+use super::Context;
 use super::bookkeeping::Done;
 use super::claims::{ClaimError, provision_request, warn_claim};
 use super::decide;
 use super::events;
-use super::gate::GateError;
+use super::gate::{GateError, LockKey};
 use super::handle::Handle;
+use super::intent::Intent;
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
 use crate::wasm::convert::{self, PvIdentity};
 use crate::wasm::{CallError, Guest};
@@ -51,9 +54,7 @@ pub(super) async fn save_pv(
                 "Provision",
                 format!("Successfully provisioned volume {pv_name}"),
             );
-            handle
-                .set_claim_finalizer::<ClaimError>(pvc, false, None)
-                .await?;
+            handle.release_claim::<ClaimError>(pvc).await?;
             tracing::info!(pv = %pv_name, guest = guest.name(), "provisioned");
             return Ok(Done::Succeeded);
         }
@@ -71,9 +72,7 @@ pub(super) async fn save_pv(
     );
     match delete_storage_with_retries(handle, guest, pv, Some(class)).await? {
         Ok(()) => {
-            handle
-                .set_claim_finalizer::<ClaimError>(pvc, false, None)
-                .await?;
+            handle.release_claim::<ClaimError>(pvc).await?;
             Err(ClaimError::CreatePv {
                 pv: pv_name,
                 source,
@@ -116,9 +115,7 @@ pub(super) async fn abandon_deleted_while_provisioning(
             source,
         })?;
     if let Some(deleting) = cached {
-        handle
-            .set_claim_finalizer::<ClaimError>(&deleting, false, None)
-            .await?;
+        handle.release_claim::<ClaimError>(&deleting).await?;
         handle.event(
             &deleting.object_ref(&()),
             false,
@@ -145,9 +142,7 @@ pub(super) async fn finish_deleted_claim(
     let pv_name = decide::pv_name(pvc).ok_or(ClaimError::NoUid)?;
     if handle.get_pv(&pv_name).await?.is_some() {
         // The PV exists: its reclaim policy now decides what happens to the storage.
-        handle
-            .set_claim_finalizer::<ClaimError>(pvc, false, None)
-            .await?;
+        handle.release_claim::<ClaimError>(pvc).await?;
         return Ok(Done::Nothing);
     }
     let plugins = ctx.plugins();
@@ -220,9 +215,7 @@ pub(super) async fn finish_deleted_claim(
             tracing::info!(%error, "guest holds no storage for the deleted claim");
         }
     }
-    handle
-        .set_claim_finalizer::<ClaimError>(pvc, false, None)
-        .await?;
+    handle.release_claim::<ClaimError>(pvc).await?;
     handle.event(
         &pvc.object_ref(&()),
         false,
@@ -256,9 +249,7 @@ pub(super) async fn finish_deleted_claim_of_gone_node(
         node.node_seen(gone);
         return Ok(Done::Nothing);
     }
-    handle
-        .set_claim_finalizer::<ClaimError>(pvc, false, None)
-        .await?;
+    handle.release_claim::<ClaimError>(pvc).await?;
     handle.event(
         &pvc.object_ref(&()),
         true,
@@ -285,9 +276,7 @@ pub(super) async fn release_if_pv_exists(
         return Ok(());
     };
     if handle.pv_known(&pv_name) || handle.get_pv(&pv_name).await?.is_some() {
-        handle
-            .set_claim_finalizer::<ClaimError>(pvc, false, None)
-            .await?;
+        handle.release_claim::<ClaimError>(pvc).await?;
     }
     Ok(())
 }
@@ -344,4 +333,93 @@ async fn delete_storage_with_retries(
             }
         }
     }
+}
+
+/// Intent-log recovery: entries of claims that are gone get their storage deleted by their
+/// guest, from the recorded claim and class; entries whose PV exists are dropped; entries of
+/// claims still there, or in flight in this process, are left to the claim path. Returns how
+/// many entries were settled.
+pub(super) async fn recover_intents(ctx: &Context) -> Result<usize, kube::Error> {
+    let Some(log) = &ctx.intents else {
+        return Ok(0);
+    };
+    let mut settled: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (log_name, uid, intent) in log.list_all().await? {
+        if log_name == log.name() && log.is_fresh(&uid) {
+            continue;
+        }
+        let Ok(handle) = Handle::open(ctx, LockKey::Claim(uid.clone())) else {
+            // Not the leader (any more): the leader recovers.
+            break;
+        };
+        match recover_one(&handle, &intent).await {
+            Ok(true) => settled.entry(log_name).or_default().push(uid),
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(%error, pv = %intent.pv, "recovering an intent failed; retried later")
+            }
+        }
+    }
+    let mut count = 0;
+    for (log_name, uids) in settled {
+        count += uids.len();
+        log.drop_from(&log_name, &uids).await?;
+    }
+    Ok(count)
+}
+
+/// Settles one intent; `Ok(false)`: not now (the claim path owns it, or its guest is away).
+async fn recover_one(handle: &Handle<'_>, intent: &Intent) -> Result<bool, ClaimError> {
+    if handle.pv_known(&intent.pv) || handle.get_pv(&intent.pv).await?.is_some() {
+        return Ok(true);
+    }
+    // The claim cache is synced before recovery runs, and a claim a guest was called for was
+    // in some replica's cache: absent from ours (by UID) means gone.
+    let claim = &intent.claim;
+    let live = handle
+        .ctx()
+        .claims
+        .get(&kube::runtime::reflector::ObjectRef::from_obj(claim));
+    if live.is_some_and(|c| {
+        c.metadata.uid == claim.metadata.uid && c.metadata.deletion_timestamp.is_none()
+    }) {
+        return Ok(false);
+    }
+    let plugins = handle.ctx().plugins();
+    let Some(guest) = plugins.for_provisioner(&intent.provisioner).cloned() else {
+        tracing::info!(pv = %intent.pv, provisioner = %intent.provisioner, "storage of a deleted claim waits for its guest");
+        return Ok(false);
+    };
+    let class = &intent.class;
+    let request = provision_request(claim, class, &guest, &intent.pv)?;
+    match handle.guest(guest.provision(&request)).await? {
+        Ok(built) => {
+            let pv = convert::persistent_volume(
+                &PvIdentity {
+                    name: &intent.pv,
+                    claim,
+                    class,
+                    class_name: &class.name_any(),
+                },
+                &built,
+            );
+            handle
+                .guest(delete_storage(&guest, &pv, Some(class)))
+                .await?
+                .map_err(|source| ClaimError::Cleanup {
+                    pv: intent.pv.clone(),
+                    source,
+                })?;
+            tracing::info!(pv = %intent.pv, guest = guest.name(), "deleted storage of a claim deleted mid-provision (intent log)");
+        }
+        Err(CallError::Guest {
+            error: ProvisionError::Transient(_) | ProvisionError::InBackground(_),
+            ..
+        }) => return Ok(false),
+        Err(error @ CallError::Fault { .. }) => return Err(ClaimError::Guest(error)),
+        Err(error) => {
+            tracing::info!(%error, pv = %intent.pv, "guest holds no storage for the deleted claim")
+        }
+    }
+    Ok(true)
 }

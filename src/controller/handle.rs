@@ -125,8 +125,9 @@ impl<'a> Handle<'a> {
     }
 
     /// Adds or removes our claim finalizer in one strategic-merge patch (only our entry of the
-    /// list: no resourceVersion, no conflict). Adding also records `record` (what deleting the
-    /// storage needs if the class goes away meanwhile); removing drops that record.
+    /// list). Adding is conditional on the claim's resourceVersion and also records `record`
+    /// (what deleting the storage needs if the class goes away meanwhile); removing is
+    /// unconditional and drops that record.
     pub async fn set_claim_finalizer<E>(
         &self,
         pvc: &PersistentVolumeClaim,
@@ -143,7 +144,12 @@ impl<'a> Handle<'a> {
             self.ctx.client.clone(),
             &pvc.namespace().unwrap_or_default(),
         );
-        let patch = decide::claim_finalizer_patch(&pvc.metadata.uid, present, record);
+        let mut patch = decide::claim_finalizer_patch(&pvc.metadata.uid, present, record);
+        if present {
+            // Only on the claim we decided on: a cache behind the API server (a reschedule or a
+            // removal of ours it does not show yet) gets a conflict, never a stale guest call.
+            patch["metadata"]["resourceVersion"] = serde_json::json!(pvc.metadata.resource_version);
+        }
         self.gate.check().await?;
         self.budget().await;
         let result = match claims
@@ -163,6 +169,21 @@ impl<'a> Handle<'a> {
             self.ctx.recent.claim_finalizer_set(uid, present);
         }
         result
+    }
+
+    /// The claim's storage is settled (its PV exists, the storage is gone, or the guest holds
+    /// none): drop whatever intent record it has, our finalizer or its intent-log entry.
+    pub async fn release_claim<E>(
+        &self,
+        pvc: &PersistentVolumeClaim,
+    ) -> Result<PersistentVolumeClaim, E>
+    where
+        E: From<GateError> + From<kube::Error>,
+    {
+        if let Some(log) = &self.ctx.intents {
+            log.done(pvc.metadata.uid.as_deref().unwrap_or_default());
+        }
+        self.set_claim_finalizer(pvc, false, None).await
     }
 
     /// A merge patch of a claim (with whatever precondition it carries); the API answer is the

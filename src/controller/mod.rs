@@ -14,6 +14,7 @@ pub mod failures;
 pub mod gate;
 pub mod handle;
 pub mod inflight;
+pub mod intent;
 pub mod leader;
 pub mod node;
 pub mod plan;
@@ -37,6 +38,12 @@ use inflight::InFlight;
 use ratelimit::RateLimiter;
 
 pub use start::{run, run_watching, slim};
+
+/// Settles what the intent logs hold for claims that are gone (see [`intent`]); the controller
+/// runs it periodically while it leads. Returns how many entries were settled.
+pub async fn recover_intents(ctx: &Context) -> Result<usize, kube::Error> {
+    cleanup::recover_intents(ctx).await
+}
 
 /// Everything the controller is told by the command line, parsed and validated.
 #[derive(Debug, Clone)]
@@ -63,8 +70,8 @@ pub struct Settings {
     pub delete_timeout: Duration,
     /// Manage the library's PV finalizer.
     pub add_pv_finalizer: bool,
-    /// Record provisioning intent as a finalizer on the claim (leak protection; 2 writes per claim).
-    pub claim_finalizer: bool,
+    /// How provisioning intent is recorded before a guest call (leak protection).
+    pub intent: IntentRecord,
     /// Client-side API request rate.
     pub kube_api_qps: f64,
     /// Client-side API request burst.
@@ -95,7 +102,7 @@ impl Default for Settings {
             provision_timeout: Duration::from_secs(300),
             delete_timeout: Duration::from_secs(300),
             add_pv_finalizer: false,
-            claim_finalizer: true,
+            intent: IntentRecord::Log,
             kube_api_qps: 20.0,
             kube_api_burst: 40,
             shutdown_grace: Duration::from_secs(30),
@@ -105,6 +112,20 @@ impl Default for Settings {
             node: None,
         }
     }
+}
+
+/// How the intent to provision is made durable before a guest is called, so a claim deleted
+/// mid-provision or a crash between the guest call and the PV create leaks no storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IntentRecord {
+    /// One batched log per replica ([`intent`]): about one API write per claim in all.
+    #[default]
+    Log,
+    /// Our finalizer on the claim, with its class recorded: two writes per claim. Used in
+    /// per-claim and node modes, where every replica works at once.
+    ClaimFinalizer,
+    /// None: a crash or a claim deleted mid-provision may leak storage.
+    Off,
 }
 
 /// Shared state of both controllers. Writes go through a per-reconcile [`handle::Handle`].
@@ -128,7 +149,9 @@ pub struct Context {
     /// Volume failures and give-ups by name.
     pub volume_book: Book,
     /// API request budget.
-    pub api_rate: RateLimiter,
+    pub api_rate: Arc<RateLimiter>,
+    /// This replica's intent log (`IntentRecord::Log`).
+    pub intents: Option<Arc<intent::IntentLog>>,
     /// Our own writes the caches may not show yet (PVs created, claim finalizers set).
     pub recent: RecentWrites,
     /// Claims in flight per class (the class annotation's limit).
@@ -166,6 +189,20 @@ impl Context {
             settings.reporter.clone(),
             settings.instance.clone(),
         );
+        let api_rate = Arc::new(RateLimiter::new(
+            settings.kube_api_qps,
+            settings.kube_api_burst,
+        ));
+        let intents = (settings.intent == IntentRecord::Log).then(|| {
+            let election = &settings.election;
+            Arc::new(intent::IntentLog::new(
+                client.clone(),
+                &election.namespace,
+                &election.lease_name,
+                &election.identity,
+                api_rate.clone(),
+            ))
+        });
         Context {
             election: Arc::new(gate::Election::new(&client, &settings.election)),
             client,
@@ -174,7 +211,8 @@ impl Context {
             volumes: caches.volumes,
             claims: caches.claims,
             recorder,
-            api_rate: RateLimiter::new(settings.kube_api_qps, settings.kube_api_burst),
+            api_rate,
+            intents,
             claim_book: Book::new(Queue::Claims),
             volume_book: Book::new(Queue::Volumes),
             settings,

@@ -103,6 +103,10 @@ pub async fn run_watching(
         "the StorageClass watch"
     });
     tasks.spawn(forget_gone_objects(ctx.clone()));
+    if let Some(log) = &ctx.intents {
+        tasks.spawn(log.clone().run());
+        tasks.spawn(recover_intents(ctx.clone()));
+    }
 
     tokio::time::timeout(Duration::from_secs(60), classes.wait_until_ready())
         .await
@@ -252,6 +256,32 @@ pub async fn run_watching(
     ctx.recorder.flush(Duration::from_secs(5)).await;
     tracing::info!("controller stopped");
     Ok(())
+}
+
+/// How often the intent logs are checked for claims deleted while no one worked on them.
+const RECOVERY_PERIOD: Duration = Duration::from_secs(10);
+
+/// Intent-log recovery, once the caches are ready and then every [`RECOVERY_PERIOD`], while this
+/// replica may act (a standby's turn comes when it leads).
+async fn recover_intents(ctx: Arc<Context>) -> &'static str {
+    loop {
+        tokio::time::sleep(if ctx.metrics.is_ready() {
+            RECOVERY_PERIOD
+        } else {
+            Duration::from_millis(200)
+        })
+        .await;
+        if !ctx.metrics.is_ready() || !ctx.election.is_leader() {
+            continue;
+        }
+        match super::cleanup::recover_intents(&ctx).await {
+            Ok(0) => {}
+            Ok(settled) => tracing::info!(settled, "intent log recovered"),
+            Err(error) => {
+                tracing::warn!(%error, "reading the intent logs failed (RBAC: list configmaps)")
+            }
+        }
+    }
 }
 
 /// How often per-object memory of objects that are gone is dropped.

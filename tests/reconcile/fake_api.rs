@@ -79,6 +79,11 @@ impl FakeApi {
         self.0.lock().unwrap().objects.get(path).cloned()
     }
 
+    /// Removes an object (as if deleted by someone else).
+    pub fn remove(&self, path: &str) {
+        self.0.lock().unwrap().objects.remove(path);
+    }
+
     /// Every request so far.
     pub fn requests(&self) -> Vec<Seen> {
         self.0.lock().unwrap().requests.clone()
@@ -90,6 +95,17 @@ impl FakeApi {
             .into_iter()
             .filter(|r| !r.path.contains("/events"))
             .map(|r| format!("{} {}", r.method, r.path))
+            .collect()
+    }
+
+    /// Stored objects whose path starts with `prefix`.
+    pub fn objects_under(&self, prefix: &str) -> Vec<Value> {
+        let state = self.0.lock().unwrap();
+        state
+            .objects
+            .iter()
+            .filter(|(path, _)| path.starts_with(prefix))
+            .map(|(_, o)| o.clone())
             .collect()
     }
 
@@ -121,6 +137,20 @@ impl FakeApi {
         match *method {
             Method::GET => match state.objects.get(path) {
                 Some(object) => (StatusCode::OK, object.clone()),
+                // A collection: its direct children (label selectors are not applied).
+                None if path.trim_start_matches("/api/v1/").split('/').count() % 2 == 1 => {
+                    let prefix = format!("{path}/");
+                    let items: Vec<Value> = state
+                        .objects
+                        .iter()
+                        .filter(|(p, _)| p.starts_with(&prefix) && !p[prefix.len()..].contains('/'))
+                        .map(|(_, o)| o.clone())
+                        .collect();
+                    (
+                        StatusCode::OK,
+                        json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items}),
+                    )
+                }
                 None => not_found(path),
             },
             Method::POST => {
@@ -142,13 +172,27 @@ impl FakeApi {
                     return not_found(path);
                 };
                 let wanted = &body["metadata"]["resourceVersion"];
-                if content_type.contains("merge-patch")
-                    && !wanted.is_null()
-                    && *wanted != object["metadata"]["resourceVersion"]
-                {
+                if !wanted.is_null() && *wanted != object["metadata"]["resourceVersion"] {
                     return status(StatusCode::CONFLICT, "Conflict", path);
                 }
                 apply_patch(object, &body, content_type.contains("strategic"));
+                object["metadata"]["resourceVersion"] = json!(version.to_string());
+                let object = object.clone();
+                state.version = version;
+                (StatusCode::OK, object)
+            }
+            Method::PUT => {
+                let version = state.version + 1;
+                let Some(object) = state.objects.get_mut(path) else {
+                    return not_found(path);
+                };
+                let wanted = &body["metadata"]["resourceVersion"];
+                if !wanted.is_null() && *wanted != object["metadata"]["resourceVersion"] {
+                    return status(StatusCode::CONFLICT, "Conflict", path);
+                }
+                let uid = object["metadata"]["uid"].clone();
+                *object = body.clone();
+                object["metadata"]["uid"] = uid;
                 object["metadata"]["resourceVersion"] = json!(version.to_string());
                 let object = object.clone();
                 state.version = version;

@@ -21,7 +21,7 @@ use wasm_provisioner::controller::claims::{self, ClaimError};
 use wasm_provisioner::controller::decide::{ANN_CLASS_RECORD, FINALIZER_CLAIM, FINALIZER_PV};
 use wasm_provisioner::controller::gate::Mode;
 use wasm_provisioner::controller::plan::ANN_MAX_IN_FLIGHT;
-use wasm_provisioner::controller::{Caches, Context, Settings, volumes};
+use wasm_provisioner::controller::{Caches, Context, IntentRecord, Settings, volumes};
 use wasm_provisioner::metrics::{Metrics, Queue};
 use wasm_provisioner::wasm::{WasmEngine, load_dir};
 
@@ -48,7 +48,15 @@ fn settings() -> Settings {
         ..Settings::default()
     };
     settings.election.mode = Mode::Off;
+    settings.intent = IntentRecord::ClaimFinalizer;
     settings
+}
+
+fn log_settings() -> Settings {
+    Settings {
+        intent: IntentRecord::Log,
+        ..settings()
+    }
 }
 
 impl World {
@@ -158,6 +166,25 @@ impl World {
     fn guest_calls(&self) -> String {
         std::fs::read_to_string(self.storage.path().join("calls.log")).unwrap_or_default()
     }
+}
+
+/// A second process over the same API server and guests: what a restart sees.
+fn restarted(world: &World) -> Context {
+    let (classes, _) = reflector::store();
+    let (volumes, _) = reflector::store();
+    let (claims, _) = reflector::store();
+    Context::new(
+        world.api.client(),
+        world.ctx.plugins(),
+        log_settings(),
+        Caches {
+            classes,
+            volumes,
+            claims,
+        },
+        Metrics::new(),
+        None,
+    )
 }
 
 fn claim_path(name: &str) -> String {
@@ -445,7 +472,7 @@ async fn an_unparsable_claim_fails_with_an_event() {
 }
 
 #[tokio::test]
-async fn the_intent_is_written_again_when_the_cache_still_shows_our_removed_finalizer() {
+async fn a_stale_cache_never_leads_to_a_guest_call_without_the_intent() {
     let mut world = World::new(settings(), "");
     world.class(
         "flaky",
@@ -458,14 +485,25 @@ async fn the_intent_is_written_again_when_the_cache_still_shows_our_removed_fina
         .await
         .expect_err("first attempt fails for good");
     assert!(world.finalizers("data").is_empty());
-    // The cache still shows the finalizer our failed attempt added and then removed.
+    let calls = world.guest_calls().lines().count();
+    // The cache still shows the claim as it was, with the finalizer our failed attempt added and
+    // then removed: the intent goes on only on the claim as it is now.
     let mut stale = (*pvc).clone();
     stale.metadata.finalizers = Some(vec![FINALIZER_CLAIM.to_string()]);
-    let before = world.api.requests().len();
-    world
+    let action = world
         .provision(&Arc::new(stale))
         .await
-        .expect("second attempt");
+        .expect("looks again");
+    assert!(requeue_after(&action).is_some(), "{action:?}");
+    assert_eq!(
+        world.guest_calls().lines().count(),
+        calls,
+        "no guest call on a stale claim"
+    );
+    assert!(world.finalizers("data").is_empty());
+    let fresh = world.sync_claim("data");
+    let before = world.api.requests().len();
+    world.provision(&fresh).await.expect("second attempt");
     let after: Vec<_> = world.api.requests()[before..].to_vec();
     let first_write = after
         .iter()
@@ -476,6 +514,108 @@ async fn the_intent_is_written_again_when_the_cache_still_shows_our_removed_fina
         first_write.body["metadata"]["finalizers"][0], FINALIZER_CLAIM,
         "the intent goes on before the guest is called again: {:?}",
         first_write.body
+    );
+    assert!(world.api.get(&pv_path("pvc-u-data")).is_some());
+}
+
+const LOGS: &str = "/api/v1/namespaces/default/configmaps";
+
+fn intent_writes(world: &World) -> usize {
+    world
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.path.starts_with(LOGS) && r.method != http::Method::GET)
+        .count()
+}
+
+#[tokio::test]
+async fn the_intent_log_costs_no_claim_write_and_batches_concurrent_claims() {
+    let mut world = World::new(log_settings(), "");
+    world.class("fast", json!({}), json!({}));
+    let claims: Vec<_> = (0..8)
+        .map(|n| world.claim(claim_of(&format!("c{n}"), "fast", P)))
+        .collect();
+    let log = world.ctx.intents.clone().expect("log mode");
+    tokio::spawn(log.clone().run());
+    let reconciles = claims.iter().map(|pvc| world.provision(pvc));
+    for result in futures::future::join_all(reconciles).await {
+        result.expect("provisioned");
+    }
+    let calls = world.api.calls();
+    assert!(
+        calls.iter().all(|c| !c.contains("persistentvolumeclaims")),
+        "claims are not written in log mode: {calls:#?}"
+    );
+    let writes = intent_writes(&world);
+    assert!(
+        (1..8).contains(&writes),
+        "eight claims at once share their intent writes: {writes}"
+    );
+    for n in 0..8 {
+        assert!(world.api.get(&pv_path(&format!("pvc-u-c{n}"))).is_some());
+    }
+    // Finished claims leave the log with the next write, or on their own shortly.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stored = world.api.objects_under(LOGS);
+    assert_eq!(stored.len(), 1, "one log per replica");
+    assert!(
+        stored[0]["data"].as_object().is_none_or(|d| d.is_empty()),
+        "{}",
+        stored[0]
+    );
+    assert_eq!(log.len(), 0);
+}
+
+#[tokio::test]
+async fn recovery_deletes_the_storage_of_a_claim_deleted_while_no_one_worked_on_it() {
+    let mut world = World::new(log_settings(), "");
+    world.class("slow", json!({"delayMs": "3000"}), json!({}));
+    let pvc = world.claim(claim_of("data", "slow", P));
+    let log = world.ctx.intents.clone().expect("log mode");
+    tokio::spawn(log.clone().run());
+    // The guest made the storage and lingers: the controller "dies" here.
+    let crashed = tokio::spawn({
+        let ctx = world.ctx.clone();
+        let pvc = pvc.clone();
+        async move { claims::reconcile(pvc, ctx).await }
+    });
+    let started = world.storage.path().join("pvc-u-data.started");
+    while !started.exists() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    crashed.abort();
+    assert!(
+        world.storage.path().join("pvc-u-data").is_dir(),
+        "storage made"
+    );
+    let stored = world.api.objects_under(LOGS);
+    assert!(
+        stored[0]["data"]["u-data"].is_string(),
+        "intent recorded: {}",
+        stored[0]
+    );
+    // The claim is deleted while no one works on it.
+    world.api.remove(&claim_path("data"));
+    let settled = wasm_provisioner::controller::recover_intents(&world.ctx)
+        .await
+        .expect("recovered");
+    assert_eq!(
+        settled, 0,
+        "a process leaves its own claims in flight to itself"
+    );
+    // A restarted process (same replica, same log) recovers it.
+    let settled = wasm_provisioner::controller::recover_intents(&restarted(&world))
+        .await
+        .expect("recovered");
+    assert_eq!(settled, 1);
+    assert!(
+        !world.storage.path().join("pvc-u-data").exists(),
+        "the storage of the deleted claim is gone"
+    );
+    assert!(
+        world.api.get(&pv_path("pvc-u-data")).is_none(),
+        "and no PV was made"
     );
 }
 

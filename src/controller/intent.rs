@@ -1,0 +1,390 @@
+//! The intent log: one ConfigMap per replica listing the claims whose guest it is about to call,
+//! with what deleting their storage needs. It is written before any guest call, in batches: all
+//! claims waiting at one moment share one write, and entries of finished claims leave with the
+//! next write. That is the leak protection of the claim finalizer (a claim deleted mid-provision,
+//! a crash between the guest call and the PV create) at about one write per claim on the API
+//! budget (the PV create) instead of three, and claims carry nothing of ours that could keep
+//! them from being deleted once the provisioner is gone.
+//!
+//! Recovery ([`recover`]) reads the logs of every replica of this provisioner: an entry whose PV
+//! exists, or whose claim is still there, is left to the normal path; an entry whose claim is gone
+//! has its storage deleted by its guest, from the recorded claim and class.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde::{Deserialize, Serialize};
+
+use super::ratelimit::RateLimiter;
+
+/// Label on intent logs; its value is the lease name, which names one provisioner deployment.
+pub const LOG_LABEL: &str = "wasm-provisioner.dev/intents";
+
+/// How long removals of finished claims may wait for the next write before they are written on
+/// their own (they are not needed for safety, only for tidiness).
+const IDLE_FLUSH: Duration = Duration::from_secs(2);
+
+/// What deleting a claim's storage needs when the claim itself is gone.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Intent {
+    /// The provisioner (which guest).
+    pub provisioner: String,
+    /// The PV name (deterministic, from the claim UID).
+    pub pv: String,
+    /// The claim as the guest was asked about it (metadata slimmed).
+    pub claim: PersistentVolumeClaim,
+    /// The class as it was.
+    pub class: StorageClass,
+}
+
+impl Intent {
+    /// The intent for `pvc` of `class`, keeping only what a guest's request reads.
+    pub fn new(
+        provisioner: &str,
+        pv: &str,
+        pvc: &PersistentVolumeClaim,
+        class: &StorageClass,
+    ) -> Intent {
+        let mut claim = PersistentVolumeClaim {
+            metadata: Default::default(),
+            spec: pvc.spec.clone(),
+            status: None,
+        };
+        claim.metadata.name = pvc.metadata.name.clone();
+        claim.metadata.namespace = pvc.metadata.namespace.clone();
+        claim.metadata.uid = pvc.metadata.uid.clone();
+        claim.metadata.labels = pvc.metadata.labels.clone();
+        claim.metadata.annotations = pvc.metadata.annotations.clone();
+        let class = serde_json::from_str(&super::decide::class_record(class)).unwrap_or_default();
+        Intent {
+            provisioner: provisioner.to_string(),
+            pv: pv.to_string(),
+            claim,
+            class,
+        }
+    }
+}
+
+/// Why an intent could not be recorded.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("recording the intent log {log}: {message}")]
+pub struct IntentError {
+    /// The ConfigMap.
+    pub log: String,
+    /// The API error.
+    pub message: String,
+}
+
+#[derive(Default)]
+struct LogState {
+    /// Claim UID -> serialized intent: what the next write holds.
+    entries: BTreeMap<String, String>,
+    /// Bumped by every record; `flushed` is the generation the last write covered.
+    generation: u64,
+    flushed: u64,
+    /// Removals not yet written.
+    removals: bool,
+    /// Claims this process recorded and has not finished: its own workers see to them.
+    fresh: std::collections::HashSet<String>,
+    /// Our last write's resourceVersion (None: not written by this process yet).
+    version: Option<String>,
+    /// The last write's error, for records waiting on it.
+    error: Option<IntentError>,
+}
+
+/// This replica's intent log.
+pub struct IntentLog {
+    api: Api<ConfigMap>,
+    name: String,
+    group: String,
+    budget: Arc<RateLimiter>,
+    state: Mutex<LogState>,
+    wake: tokio::sync::Notify,
+    written: tokio::sync::watch::Sender<u64>,
+}
+
+impl IntentLog {
+    /// The log of replica `identity` of the deployment whose lease is `group`, in `namespace`.
+    pub fn new(
+        client: Client,
+        namespace: &str,
+        group: &str,
+        identity: &str,
+        budget: Arc<RateLimiter>,
+    ) -> IntentLog {
+        IntentLog {
+            api: Api::namespaced(client, namespace),
+            name: log_name(group, identity),
+            group: group.to_string(),
+            budget,
+            state: Mutex::new(LogState::default()),
+            wake: tokio::sync::Notify::new(),
+            written: tokio::sync::watch::channel(0).0,
+        }
+    }
+
+    /// This log's ConfigMap name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Records an intent durably: returns once a write holding it has succeeded.
+    pub async fn record(&self, uid: &str, intent: &Intent) -> Result<(), IntentError> {
+        let text = serde_json::to_string(intent).unwrap_or_default();
+        let mut written = self.written.subscribe();
+        let generation = {
+            let mut state = self.state.lock().expect("lock");
+            state.entries.insert(uid.to_string(), text);
+            state.fresh.insert(uid.to_string());
+            state.generation += 1;
+            state.generation
+        };
+        self.wake.notify_one();
+        loop {
+            if *written.borrow_and_update() >= generation {
+                let state = self.state.lock().expect("lock");
+                if state.flushed >= generation {
+                    return Ok(());
+                }
+                if let Some(error) = &state.error {
+                    return Err(error.clone());
+                }
+            }
+            if written.changed().await.is_err() {
+                return Err(IntentError {
+                    log: self.name.clone(),
+                    message: "the intent writer stopped".into(),
+                });
+            }
+        }
+    }
+
+    /// Forgets an intent; written with the next record, or on its own after [`IDLE_FLUSH`].
+    pub fn done(&self, uid: &str) {
+        let mut state = self.state.lock().expect("lock");
+        state.fresh.remove(uid);
+        if state.entries.remove(uid).is_some() {
+            state.removals = true;
+        }
+    }
+
+    /// Whether this process recorded `uid` and is still working on it (recovery leaves it alone).
+    pub fn is_fresh(&self, uid: &str) -> bool {
+        self.state.lock().expect("lock").fresh.contains(uid)
+    }
+
+    /// Intents held (in memory: the next write's content).
+    pub fn len(&self) -> usize {
+        self.state.lock().expect("lock").entries.len()
+    }
+
+    /// Whether no intent is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The writer: batches every record waiting into one write. Runs for the life of the process.
+    pub async fn run(self: Arc<Self>) -> &'static str {
+        loop {
+            let woken = tokio::time::timeout(IDLE_FLUSH, self.wake.notified())
+                .await
+                .is_ok();
+            let (generation, data, version) = {
+                let state = self.state.lock().expect("lock");
+                let records_waiting = state.generation > state.flushed;
+                // Removals alone are written once things are quiet.
+                let quiet_removals = state.removals && !woken;
+                if !records_waiting && !quiet_removals {
+                    continue;
+                }
+                (
+                    state.generation,
+                    state.entries.clone(),
+                    state.version.clone(),
+                )
+            };
+            let outcome = self.write(data, version).await;
+            let mut state = self.state.lock().expect("lock");
+            match outcome {
+                Ok((version, adopted)) => {
+                    for (uid, text) in adopted {
+                        state.entries.entry(uid).or_insert(text);
+                    }
+                    state.version = Some(version);
+                    state.flushed = generation;
+                    state.removals = false;
+                    state.error = None;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "writing the intent log failed");
+                    state.error = Some(error);
+                    // Our idea of the version may be stale (someone else wrote): read it again.
+                    state.version = None;
+                }
+            }
+            drop(state);
+            self.written.send_replace(generation);
+        }
+    }
+
+    /// Writes `data` as the whole log (create, or replace at `version`). Without a version (the
+    /// first write of this process, or after a failed one) the stored log is read first and its
+    /// entries we do not hold are kept: an earlier process's intents wait for recovery. Returns
+    /// the new version and those adopted entries.
+    async fn write(
+        &self,
+        mut data: BTreeMap<String, String>,
+        version: Option<String>,
+    ) -> Result<(String, BTreeMap<String, String>), IntentError> {
+        let error = |e: kube::Error| IntentError {
+            log: self.name.clone(),
+            message: e.to_string(),
+        };
+        let mut adopted = BTreeMap::new();
+        let version = match version {
+            Some(version) => Some(version),
+            None => {
+                self.budget.acquire().await;
+                let stored = self.api.get_opt(&self.name).await.map_err(error)?;
+                stored.and_then(|cm| {
+                    for (uid, text) in cm.data.unwrap_or_default() {
+                        if !data.contains_key(&uid) {
+                            data.insert(uid.clone(), text.clone());
+                            adopted.insert(uid, text);
+                        }
+                    }
+                    cm.metadata.resource_version
+                })
+            }
+        };
+        let mut cm = ConfigMap {
+            data: Some(data),
+            ..Default::default()
+        };
+        cm.metadata.name = Some(self.name.clone());
+        cm.metadata.labels = Some([(LOG_LABEL.to_string(), self.group.clone())].into());
+        self.budget.acquire().await;
+        let saved = match version {
+            Some(version) => {
+                cm.metadata.resource_version = Some(version);
+                self.api
+                    .replace(&self.name, &PostParams::default(), &cm)
+                    .await
+            }
+            None => self.api.create(&PostParams::default(), &cm).await,
+        }
+        .map_err(error)?;
+        Ok((saved.resource_version().unwrap_or_default(), adopted))
+    }
+
+    /// Every intent in the logs of this deployment's replicas: (log name, claim UID, intent).
+    pub async fn list_all(&self) -> Result<Vec<(String, String, Intent)>, kube::Error> {
+        self.budget.acquire().await;
+        let logs = self
+            .api
+            .list(&ListParams::default().labels(&format!("{LOG_LABEL}={}", self.group)))
+            .await?;
+        let mut all = Vec::new();
+        for log in logs.items {
+            let name = log.name_any();
+            for (uid, text) in log.data.unwrap_or_default() {
+                match serde_json::from_str::<Intent>(&text) {
+                    Ok(intent) => all.push((name.clone(), uid, intent)),
+                    Err(error) => tracing::warn!(%error, log = %name, %uid, "unreadable intent"),
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    /// Drops finished entries from another replica's log (with its resourceVersion: a live
+    /// replica's concurrent write wins, and the entries are looked at again next time).
+    pub async fn drop_from(&self, log: &str, uids: &[String]) -> Result<(), kube::Error> {
+        if log == self.name {
+            for uid in uids {
+                self.done(uid);
+            }
+            return Ok(());
+        }
+        self.budget.acquire().await;
+        let Some(mut cm) = self.api.get_opt(log).await? else {
+            return Ok(());
+        };
+        if let Some(data) = cm.data.as_mut() {
+            for uid in uids {
+                data.remove(uid);
+            }
+        }
+        self.budget.acquire().await;
+        match self.api.replace(log, &PostParams::default(), &cm).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => {
+                Ok(())
+            }
+            Err(error) => Err(error),
+        }
+    }
+}
+
+/// The ConfigMap name of one replica's log (a valid name whatever the identity holds).
+pub fn log_name(group: &str, identity: &str) -> String {
+    let clean: String = identity
+        .to_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let name = format!("{group}-intents-{clean}");
+    let mut name: String = name.chars().take(253).collect();
+    while name.ends_with(['-', '.']) {
+        name.pop();
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_names_are_valid_configmap_names() {
+        assert_eq!(
+            log_name("wasm-provisioner", "Node-1_a8f3"),
+            "wasm-provisioner-intents-node-1-a8f3"
+        );
+        assert!(log_name("wp", &"x".repeat(400)).len() <= 253);
+        assert!(!log_name("wp", "a_").ends_with('-'));
+    }
+
+    #[test]
+    fn an_intent_keeps_what_a_request_reads_and_no_more() {
+        let pvc: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "c", "namespace": "n", "uid": "u", "resourceVersion": "9",
+                         "annotations": {"a": "b"}, "finalizers": ["f"]},
+            "spec": {"storageClassName": "fast"}
+        }))
+        .unwrap();
+        let class: StorageClass = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "fast", "uid": "cu", "resourceVersion": "3"},
+            "provisioner": "p", "parameters": {"k": "v"}
+        }))
+        .unwrap();
+        let intent = Intent::new("p", "pvc-u", &pvc, &class);
+        let back: Intent = serde_json::from_str(&serde_json::to_string(&intent).unwrap()).unwrap();
+        assert_eq!(back.claim.metadata.uid.as_deref(), Some("u"));
+        assert_eq!(back.claim.metadata.resource_version, None);
+        assert_eq!(back.claim.metadata.finalizers, None);
+        assert_eq!(back.class.parameters, class.parameters);
+        assert_eq!(back.class.metadata.resource_version, None);
+    }
+}
