@@ -207,6 +207,9 @@ pub async fn reconcile(
         .claim_book
         .track(&handle, &tracked, span.clone(), provision(&handle, &pvc))
         .await;
+    if let Some(log) = &ctx.intents {
+        log.attempt_over(&tracked.key);
+    }
     if given_up {
         // No more attempts, so no more storage: the finalizer must not keep the claim forever.
         let _entered = span.enter();

@@ -89,7 +89,7 @@ struct LogState {
     flushed: u64,
     /// Removals not yet written.
     removals: bool,
-    /// Claims this process recorded and has not finished: its own workers see to them.
+    /// Claims a reconcile of this process is working on now: it sees to them itself.
     fresh: std::collections::HashSet<String>,
     /// Our last write's resourceVersion (None: not written by this process yet).
     version: Option<String>,
@@ -173,7 +173,13 @@ impl IntentLog {
         }
     }
 
-    /// Whether this process recorded `uid` and is still working on it (recovery leaves it alone).
+    /// The reconcile that recorded `uid` is over without settling it (a retry comes, or the claim
+    /// goes): from now on recovery looks after the entry too.
+    pub fn attempt_over(&self, uid: &str) {
+        self.state.lock().expect("lock").fresh.remove(uid);
+    }
+
+    /// Whether a reconcile of this process is working on `uid` now (recovery leaves it alone).
     pub fn is_fresh(&self, uid: &str) -> bool {
         self.state.lock().expect("lock").fresh.contains(uid)
     }

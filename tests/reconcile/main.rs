@@ -714,3 +714,36 @@ async fn a_standby_makes_no_request_at_all() {
     assert!(world.api.requests().is_empty());
     assert!(world.guest_calls().is_empty());
 }
+
+#[tokio::test]
+async fn a_claim_deleted_between_attempts_is_recovered_by_the_same_process() {
+    let mut world = World::new(log_settings(), "");
+    world.class(
+        "flaky",
+        json!({"fail": "transient", "failTimes": "1"}),
+        json!({}),
+    );
+    let pvc = world.claim(claim_of("data", "flaky", P));
+    let log = world.ctx.intents.clone().expect("log mode");
+    tokio::spawn(log.clone().run());
+    world
+        .provision(&pvc)
+        .await
+        .expect_err("transient: storage may exist");
+    assert_eq!(log.len(), 1, "the intent stays while storage may exist");
+    // The claim goes before the next attempt (no finalizer holds it in log mode).
+    world.api.remove(&claim_path("data"));
+    world
+        .claims
+        .apply_watcher_event(&watcher::Event::Delete((*pvc).clone()));
+    let settled = wasm_provisioner::controller::recover_intents(&world.ctx)
+        .await
+        .expect("recovered");
+    assert_eq!(settled, 1, "no attempt is running: recovery settles it");
+    assert!(
+        world.guest_calls().contains("delete"),
+        "{}",
+        world.guest_calls()
+    );
+    assert_eq!(log.len(), 0);
+}
