@@ -47,12 +47,12 @@ pub async fn run_watching(
             "node deployment: whole-controller leader election is off (every node's instance must act)"
         );
     }
-    let (node_state, node_deleted) = match &settings.node {
+    let (node_state, node_deleted, node_watch) = match &settings.node {
         Some(node) => {
-            let (state, deleted) = watch_nodes(&client, node).await?;
-            (Some(state), deleted.left_stream())
+            let (state, deleted, watch) = watch_nodes(&client, node).await?;
+            (Some(state), deleted.left_stream(), Some(watch))
         }
-        None => (None, futures::stream::pending().right_stream()),
+        None => (None, futures::stream::pending().right_stream(), None),
     };
     if settings.election.mode != gate::Mode::Off {
         settings.election.timing.validate()?;
@@ -98,6 +98,12 @@ pub async fn run_watching(
     let election = ctx.election.clone();
     // Long-lived tasks: if one ends, the process is no longer whole, and it exits.
     let mut tasks = tokio::task::JoinSet::new();
+    if let Some(watch) = node_watch {
+        tasks.spawn(async move {
+            let _ = watch.await;
+            "the Node watch"
+        });
+    }
     tasks.spawn(async move {
         class_watch.await;
         "the StorageClass watch"
@@ -307,13 +313,15 @@ async fn report_leadership(
 }
 
 /// Node mode: checks this node exists (a mistyped `--node-name` would otherwise serve nothing,
-/// silently), then caches node metadata; the stream ticks when a node is deleted.
+/// silently), then caches node metadata; the stream ticks when a node is deleted. The watch task
+/// is returned for the caller to supervise.
 async fn watch_nodes(
     client: &Client,
     settings: &node::NodeSettings,
 ) -> anyhow::Result<(
     node::NodeState,
     impl futures::Stream<Item = ()> + Send + 'static,
+    tokio::task::JoinHandle<()>,
 )> {
     use k8s_openapi::api::core::v1::Node;
     let api: Api<Node> = Api::all(client.clone());
@@ -350,14 +358,18 @@ async fn watch_nodes(
             }
             futures::future::ready(())
         });
-    tokio::spawn(node_watch);
+    let watch = tokio::spawn(node_watch);
     tokio::time::timeout(Duration::from_secs(60), nodes.wait_until_ready())
         .await
         .map_err(|_| {
             anyhow::anyhow!("Node cache did not sync within 60 s (RBAC: list, watch nodes)")
         })??;
     tracing::info!(node = %settings.name, "node deployment: serving this node's claims and volumes");
-    Ok((node::NodeState::new(settings.clone(), nodes), deleted_rx))
+    Ok((
+        node::NodeState::new(settings.clone(), nodes),
+        deleted_rx,
+        watch,
+    ))
 }
 
 /// Starts campaigning for the whole-controller lease, woken early by a watch on that lease.
