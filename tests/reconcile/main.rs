@@ -747,3 +747,56 @@ async fn a_claim_deleted_between_attempts_is_recovered_by_the_same_process() {
     );
     assert_eq!(log.len(), 0);
 }
+
+#[tokio::test]
+async fn node_mode_releases_a_deleted_claim_whose_node_is_gone() {
+    use wasm_provisioner::controller::node::{NodeSettings, NodeState};
+    let mut world = World::new(settings(), "");
+    let node = NodeSettings {
+        name: "n1".into(),
+        base_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(20),
+        immediate_binding: true,
+        gone_grace: Duration::ZERO,
+    };
+    let (nodes, _) = reflector::store();
+    let (classes, _) = reflector::store();
+    let (volumes, _) = reflector::store();
+    let (claims_store, mut claims) = reflector::store();
+    let mut node_settings = settings();
+    node_settings.node = Some(node.clone());
+    let ctx = Arc::new(Context::new(
+        world.api.client(),
+        world.ctx.plugins(),
+        node_settings,
+        Caches {
+            classes,
+            volumes,
+            claims: claims_store,
+        },
+        Metrics::new(),
+        Some(NodeState::new(node, nodes)),
+    ));
+    let mut gone = claim_of("data", "local", P);
+    gone["metadata"]["finalizers"] = json!([FINALIZER_CLAIM]);
+    gone["metadata"]["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
+    gone["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] = json!("n2");
+    let pvc = world.claim(gone);
+    claims.apply_watcher_event(&watcher::Event::Apply((*pvc).clone()));
+    claims::reconcile(pvc, ctx.clone()).await.expect("released");
+    assert!(
+        world.finalizers("data").is_empty(),
+        "node n2 is gone with its storage: someone must let the claim go"
+    );
+    assert!(
+        world.guest_calls().is_empty(),
+        "no guest call for a gone node's storage"
+    );
+    ctx.recorder.flush(Duration::from_secs(5)).await;
+    assert!(
+        world
+            .api
+            .event_reasons()
+            .contains(&"ProvisioningAbandoned".to_string())
+    );
+}
