@@ -42,9 +42,9 @@ struct Profile {
 
 const PROFILES: [Profile; 5] = [
     Profile {
-        name: "defaults (qps 20, burst 40, 4 workers)",
-        qps: 20.0,
-        burst: 40,
+        name: "defaults (qps 50, burst 100, 4 workers)",
+        qps: 50.0,
+        burst: 100,
         workers: 4,
         extra: &[],
     },

@@ -88,11 +88,12 @@ pub struct RunArgs {
     /// Kubeconfig file; without it the in-cluster config or ~/.kube/config is used.
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// Client-side API requests per second (watches excluded).
-    #[arg(long, default_value_t = 20.0)]
+    /// Client-side API requests per second (watches excluded). Answers of 429 (API Priority and
+    /// Fairness) and 503/504 are retried after their Retry-After, with exponential backoff.
+    #[arg(long, default_value_t = 50.0)]
     pub kube_api_qps: f64,
     /// Client-side API request burst.
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 100)]
     pub kube_api_burst: u32,
     /// Concurrent claim reconciles, and as many volume reconciles.
     #[arg(long, default_value_t = 4)]
