@@ -17,6 +17,22 @@ use crate::wasm::reload::{self, Loader};
 /// Runs until SIGTERM or SIGINT, then stops taking work and exits once in-flight work is done.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    match crate::wasm::sandbox_fs::raise_nofile_limit() {
+        Ok((before, after)) if before != after => {
+            tracing::info!(
+                ?before,
+                ?after,
+                "open-file limit (RLIMIT_NOFILE) raised to its hard limit"
+            )
+        }
+        Ok((limit, _)) => {
+            tracing::info!(
+                ?limit,
+                "open-file limit (RLIMIT_NOFILE) already at its hard limit"
+            )
+        }
+        Err(error) => tracing::warn!(%error, "cannot raise the open-file limit (RLIMIT_NOFILE)"),
+    }
     let metrics = Metrics::new();
     if let Some(address) = args.metrics_address {
         // Up before the guests load, so liveness answers while readiness still says no.

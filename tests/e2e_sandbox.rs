@@ -405,14 +405,70 @@ async fn plugins_change_under_a_running_controller(cp: Arc<ControlPlane>) -> any
     Ok(())
 }
 
+/// Issue 14: a PV whose hostPath passes through a link would hand a pod whatever the link
+/// points at (the kubelet follows it). The guest cannot create one, and a link someone else
+/// planted is caught on disk before the PV is created.
+async fn a_guest_cannot_hand_a_pod_the_node_through_a_symlink(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "symlink").await?;
+    w.install("node", "node_attack", "")?;
+    // A link a tenant's pod (or an earlier guest) left in the granted directory.
+    std::os::unix::fs::symlink("/", w.storage("node").join("sub"))?;
+    w.start(&[])?;
+    let planted = w
+        .create_class("node", "intermediate", &[("attack", "intermediate-link")])
+        .await?;
+    let uid = w.create_claim("through-planted-link", &planted).await?;
+    let message = w
+        .wait_event(
+            &uid,
+            "ProvisioningFailed",
+            &["guest node", "symbolic link", "/sub"],
+        )
+        .await?;
+    println!("intermediate link: {message}");
+    let pvs: Api<PersistentVolume> = Api::all(w.admin.clone());
+    ensure!(
+        pvs.get_opt(&format!("pvc-{uid}")).await?.is_none(),
+        "no PV was created through the link"
+    );
+    // The guest's own attempt: symlink-at is refused, the volume binds to a plain path.
+    let relative = w
+        .create_class("node", "relative", &[("attack", "relative-link")])
+        .await?;
+    let uid = w.create_claim("own-link", &relative).await?;
+    w.wait_bound("own-link").await?;
+    let pv = pvs.get(&format!("pvc-{uid}")).await?;
+    let path = pv
+        .spec
+        .and_then(|s| s.host_path)
+        .map(|h| h.path)
+        .unwrap_or_default();
+    let did = pv
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .remove("attack.example/did")
+        .unwrap_or_default();
+    println!("relative link: PV path {path}, guest reports {did}");
+    ensure!(!did.contains(": ok"), "symlink-at was allowed: {did}");
+    ensure!(
+        !std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()),
+        "the PV's path {path} is not a link"
+    );
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     common::suite::run(
         "sandbox end-to-end",
-        &["attack"],
+        &["attack", "node_attack"],
         Duration::from_secs(240),
         e2e_tests![
             a_misbehaving_guest_never_slows_the_others,
             plugins_change_under_a_running_controller,
+            a_guest_cannot_hand_a_pod_the_node_through_a_symlink,
         ],
     )
 }

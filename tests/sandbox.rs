@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
+use wasm_provisioner::wasm::bindings::types::ProvisionRequest;
 use wasm_provisioner::wasm::executor::ExecutorOptions;
 use wasm_provisioner::wasm::reload::{self, Loader, WatchOptions};
 use wasm_provisioner::wasm::{
@@ -510,4 +511,409 @@ fn the_watcher_follows_copies_partial_writes_and_configmap_symlink_swaps() {
     let gone = wait_for_plugins(&latest, "w unloaded", |p| !p.serves(W));
     assert!(matches!(gone.availability(W), Availability::Unavailable(_)));
     println!("{:?}", stats.counts());
+}
+
+// ---- Guests that attack the node (guests/node-attack; docs/threat-model.md) ----
+
+const NODE: &str = "test.wasm-provisioner.dev/node-attack";
+
+/// The node-attack guest loaded over a granted directory of its own.
+struct NodeAttack {
+    storage: tempfile::TempDir,
+    _plugins: PluginsDir,
+    guest: Arc<Guest>,
+}
+
+impl NodeAttack {
+    fn load(extra_limits: &str) -> NodeAttack {
+        NodeAttack::load_with(extra_limits, |grant| grant)
+    }
+
+    fn load_with(extra_limits: &str, edit: impl FnOnce(String) -> String) -> NodeAttack {
+        let storage = tempfile::tempdir().unwrap();
+        let plugins = PluginsDir::new();
+        let grant = dir_grant(NODE, storage.path(), "/state", extra_limits)
+            .replace("call-timeout-ms = 5000", "call-timeout-ms = 2000");
+        plugins.add("node-attack", "node_attack", &edit(grant));
+        let loaded = load_dir(&WasmEngine::new().unwrap(), plugins.path()).unwrap();
+        assert!(loaded.problems.is_empty(), "{:?}", loaded.problems);
+        let guest = loaded.for_provisioner(NODE).unwrap().clone();
+        NodeAttack {
+            storage,
+            _plugins: plugins,
+            guest,
+        }
+    }
+
+    fn dir(&self) -> &Path {
+        self.storage.path()
+    }
+
+    fn request(&self, claim_name: &str, params: &[(&str, &str)]) -> ProvisionRequest {
+        request(
+            claim(claim_name),
+            class(NODE, params),
+            &self.guest.grants().config_json,
+        )
+    }
+
+    async fn provision(
+        &self,
+        claim_name: &str,
+        params: &[(&str, &str)],
+    ) -> Result<wasm_provisioner::wasm::spec::BuiltVolume, CallError> {
+        self.guest
+            .provision(&self.request(claim_name, params))
+            .await
+    }
+}
+
+fn is_link(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+}
+
+fn rejected_message(outcome: Result<impl std::fmt::Debug, CallError>) -> String {
+    match outcome {
+        Err(error @ CallError::Rejected { .. }) => {
+            assert!(error.to_string().contains("guest node-attack"), "{error}");
+            error.to_string()
+        }
+        other => panic!("expected the host to reject the volume, got {other:?}"),
+    }
+}
+
+fn final_message(outcome: Result<impl std::fmt::Debug, CallError>) -> String {
+    match outcome {
+        Err(CallError::Guest {
+            error: wasm_provisioner::wasm::ProvisionError::Final(message),
+            ..
+        }) => message,
+        other => panic!("expected a final error from the guest, got {other:?}"),
+    }
+}
+
+/// The guest's own record of what it tried (the `attack.example/did` annotation or final text).
+fn did(outcome: &Result<wasm_provisioner::wasm::spec::BuiltVolume, CallError>) -> String {
+    match outcome {
+        Ok(built) => built
+            .annotations
+            .get("attack.example/did")
+            .cloned()
+            .unwrap_or_default(),
+        Err(error) => error.to_string(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_cannot_create_a_symlink_the_kubelet_would_follow() {
+    let n = NodeAttack::load("");
+    for attack in ["relative-link", "intermediate-link"] {
+        let outcome = n.provision(attack, &[("attack", attack)]).await;
+        let did = did(&outcome);
+        println!("{attack}: {did}");
+        assert!(
+            did.contains("symlink") && !did.contains(": ok"),
+            "{attack}: symlink-at was allowed: {did}"
+        );
+        outcome.expect("nothing planted, so the (empty) path itself is fine");
+    }
+    for name in ["pvc-uid-relative-link", "sub"] {
+        assert!(!is_link(&n.dir().join(name)), "{name} is a link");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returned_path_with_a_link_in_any_component_is_rejected_before_the_pv() {
+    let n = NodeAttack::load("");
+    // Links planted by someone else (a tenant's pod, an earlier version of the guest).
+    std::os::unix::fs::symlink("../../../../etc", n.dir().join("pvc-uid-rel")).unwrap();
+    std::os::unix::fs::symlink("/", n.dir().join("sub")).unwrap();
+    let message = rejected_message(n.provision("rel", &[("attack", "relative-link")]).await);
+    assert!(
+        message.contains("symbolic link") && message.contains("pvc-uid-rel"),
+        "{message}"
+    );
+    let message = rejected_message(n.provision("mid", &[("attack", "intermediate-link")]).await);
+    assert!(
+        message.contains("symbolic link") && message.contains("/sub"),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_call_cannot_swap_a_served_directory_for_a_link() {
+    let n = NodeAttack::load("");
+    n.provision("served", &[]).await.expect("a clean volume");
+    let served = n.dir().join("pvc-uid-served");
+    assert!(served.is_dir());
+    // A link a tenant's pod planted inside its own volume, which lies in the guest's preopen.
+    std::fs::create_dir(n.dir().join("pvc-tenant")).unwrap();
+    std::os::unix::fs::symlink("/etc", n.dir().join("pvc-tenant/evil")).unwrap();
+    let message = final_message(
+        n.provision(
+            "swapper",
+            &[
+                ("attack", "swap"),
+                ("target", "pvc-uid-served"),
+                ("planted", "pvc-tenant/evil"),
+            ],
+        )
+        .await,
+    );
+    println!("swap: {message}");
+    assert!(
+        !is_link(&served),
+        "the served path became a link: {message}"
+    );
+    assert_eq!(
+        message.matches(": ok").count(),
+        1,
+        "only moving the real directory away worked: {message}"
+    );
+    assert!(
+        is_link(&n.dir().join("pvc-tenant/evil")),
+        "the tenant's link stayed where it was"
+    );
+
+    for attack in ["rename-planted", "link-planted"] {
+        let outcome = n
+            .provision(
+                attack,
+                &[("attack", attack), ("planted", "pvc-tenant/evil")],
+            )
+            .await;
+        println!("{attack}: {}", did(&outcome));
+        assert!(
+            !is_link(&n.dir().join(format!("pvc-uid-{attack}"))),
+            "{attack}: a link reached the volume path"
+        );
+        assert!(
+            !did(&outcome).contains(": ok"),
+            "{attack}: {}",
+            did(&outcome)
+        );
+    }
+}
+
+/// Threads of this process.
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+/// Open descriptors of this process.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_in_the_preopen_cannot_block_a_host_thread() {
+    let n = NodeAttack::load("");
+    let fifo = n.dir().join("fifo");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o666),
+        0,
+    )
+    .unwrap();
+    // Warm up the blocking pool, then count.
+    n.provision("warm", &[]).await.unwrap();
+    let before = threads();
+    for i in 0..5 {
+        let started = Instant::now();
+        let message = final_message(n.provision(&format!("f{i}"), &[("attack", "fifo")]).await);
+        let took = started.elapsed();
+        println!("fifo #{i}: {took:?}: {message}");
+        assert!(
+            took < Duration::from_millis(1000),
+            "the call returned promptly: {took:?}"
+        );
+        assert!(
+            message.contains("open fifo") && !message.contains(": ok"),
+            "{message}"
+        );
+    }
+    let after = threads();
+    println!("threads: {before} before, {after} after five FIFO opens");
+    assert!(
+        after <= before + 2,
+        "no thread left blocked: {before} -> {after}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptor_hoarding_is_its_own_fault_and_the_descriptors_come_back() {
+    let n = NodeAttack::load("descriptors = 64");
+    n.provision("warm", &[]).await.unwrap();
+    let before = open_fds();
+    let started = Instant::now();
+    let outcome = n.provision("hoard", &[("attack", "fd-hoard")]).await;
+    println!("fd-hoard in {:?}: {outcome:?}", started.elapsed());
+    match &outcome {
+        Err(error @ CallError::Fault { kind, guest, .. }) => {
+            assert_eq!(*kind, FaultKind::Descriptors, "{error}");
+            assert_eq!(guest, "node-attack");
+            assert!(error.to_string().contains("descriptors"), "{error}");
+        }
+        other => panic!("expected a descriptors fault, got {other:?}"),
+    }
+    let after = open_fds();
+    println!("open descriptors: {before} before, {after} after the hoarding call");
+    assert!(
+        after <= before + 4,
+        "descriptors returned: {before} -> {after}"
+    );
+    // The same guest's next call is unaffected.
+    n.provision("after", &[])
+        .await
+        .expect("the next call serves");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_bound_nfs_exports_csi_handles_reclaim_policy_and_the_node() {
+    let n = NodeAttack::load_with("", |grant| {
+        grant.replace(
+            "kinds = [\"host-path\"]",
+            "kinds = [\"host-path\", \"nfs\", \"csi\"]\nnfs-servers = [\"nfs.example.com\"]\ncsi-drivers = [\"csi.example.com\"]\nnfs-exports = { \"nfs.example.com\" = [\"/exports/tenant-a\"] }\ncsi-volume-handles = { \"csi.example.com\" = [\"tenant-a-*\"] }",
+        )
+    });
+    let nfs = |path: &'static str| [("attack", "nfs-export"), ("path", path)];
+    n.provision("nfs-ok", &nfs("/exports/tenant-a/v1"))
+        .await
+        .expect("a granted export");
+    for path in ["/", "/exports/tenant-b/v1", "/exports/tenant-a-other"] {
+        let message = final_message(n.provision("nfs-bad", &nfs(path)).await);
+        assert!(message.contains("not granted"), "{path}: {message}");
+    }
+    let csi = |handle: &'static str| [("attack", "csi-handle"), ("handle", handle)];
+    n.provision("csi-ok", &csi("tenant-a-7"))
+        .await
+        .expect("a granted handle");
+    let message = final_message(n.provision("csi-bad", &csi("tenant-b-7")).await);
+    assert!(
+        message.contains("matches none of the granted patterns"),
+        "{message}"
+    );
+    let message = rejected_message(n.provision("recycle", &[("attack", "recycle")]).await);
+    assert!(message.contains("Recycle"), "{message}");
+    // Node affinity must name the node the scheduler selected.
+    let mut req = n.request("pinned", &[("attack", "other-node"), ("node", "node-b")]);
+    req.selected_node = Some("node-a".into());
+    let message = rejected_message(n.guest.provision(&req).await);
+    assert!(message.contains("selected node"), "{message}");
+    req.selected_node = Some("node-b".into());
+    n.guest
+        .provision(&req)
+        .await
+        .expect("pinned to the selected node");
+}
+
+#[test]
+fn a_grant_directory_over_the_plugins_directory_or_the_cache_is_refused() {
+    let plugins = PluginsDir::new();
+    plugins.add(
+        "self-writer",
+        "hostpath",
+        &dir_grant(GOOD, plugins.path(), "/volumes", ""),
+    );
+    let loaded = load_dir(&WasmEngine::new().unwrap(), plugins.path()).unwrap();
+    assert!(loaded.is_empty());
+    assert!(
+        loaded
+            .problems
+            .iter()
+            .any(|p| p.reason.contains("overlaps")),
+        "{:?}",
+        loaded.problems
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let plugins = PluginsDir::new();
+    plugins.add(
+        "cache-writer",
+        "hostpath",
+        &dir_grant(GOOD, cache.path(), "/volumes", ""),
+    );
+    let engine = WasmEngine::with_options(&EngineOptions {
+        module_cache: Some(cache.path().to_owned()),
+        ..EngineOptions::default()
+    })
+    .unwrap();
+    let loaded = load_dir(&engine, plugins.path()).unwrap();
+    assert!(
+        loaded
+            .problems
+            .iter()
+            .any(|p| p.reason.contains("overlaps")),
+        "{:?}",
+        loaded.problems
+    );
+}
+
+/// Peak resident memory of this process in MiB (VmHWM), after resetting it when the kernel lets us.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn peak_rss_mib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        / 1024
+}
+
+/// Slack over `memory-mib x max-concurrency` the host may use while guests hoard: per call, one
+/// copy of the largest value in flight (a host call's string, at most the guest's memory), the
+/// store, instance and WASI state, and allocator slack. Documented in docs/threat-model.md.
+const RSS_SLACK_MIB: u64 = 96;
+
+/// Runs in a child process of its own (so no other test shares its peak): two concurrent calls
+/// of a 32 MiB guest each pass 96 refused 8 MiB annotations to the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hoarding_guests_keep_host_memory_within_their_grants() {
+    if std::env::var_os("WP_RSS_CHILD").is_none() {
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "hoarding_guests_keep_host_memory_within_their_grants",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("WP_RSS_CHILD", "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        println!("{text}{}", String::from_utf8_lossy(&output.stderr));
+        assert!(output.status.success(), "the measuring child failed");
+        assert!(text.contains("1 passed"), "the child ran the measurement");
+        return;
+    }
+    let n = NodeAttack::load("memory-mib = 32\nmax-concurrency = 2");
+    n.provision("warm", &[]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let base = rss_mib();
+    reset_peak_rss();
+    let attack = [("attack", "annotation-hoard")];
+    let (a, b) = tokio::join!(n.provision("h1", &attack), n.provision("h2", &attack));
+    let peak = peak_rss_mib();
+    let budget = base + 32 * 2 + RSS_SLACK_MIB;
+    println!(
+        "RSS: base {base} MiB, peak {peak} MiB during two hoarding calls, budget {budget} MiB (base + 32 MiB x 2 + {RSS_SLACK_MIB} MiB slack)"
+    );
+    for outcome in [a, b] {
+        let message = rejected_message(outcome);
+        assert!(message.contains("refused"), "{message}");
+        assert!(
+            message.len() < 2048,
+            "the refusal message is bounded: {} bytes",
+            message.len()
+        );
+    }
+    assert!(
+        peak <= budget,
+        "peak RSS {peak} MiB over the budget {budget} MiB"
+    );
 }

@@ -181,7 +181,11 @@ impl ModuleCache {
 }
 
 /// Turns a cache entry back into a component.
-#[allow(unsafe_code)]
+#[expect(
+    unsafe_code,
+    reason = "Component::deserialize maps the bytes as native code; they are this process's own \
+              compiler output from an operator-owned directory, checked by SHA-256 first"
+)]
 fn deserialize(engine: &Engine, artifact: &[u8]) -> wasmtime::Result<Component> {
     // SAFETY: `Component::deserialize` trusts its input to be wasmtime's own output, since
     // it maps it as native code. These bytes are: the cache directory is operator-owned and

@@ -2,7 +2,7 @@
 //!
 //! A grant file `NAME.toml` sits next to `NAME.wasm`. Everything not granted is denied.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
@@ -22,6 +22,12 @@ pub const DEFAULT_INSTANCES: usize = 32;
 pub const DEFAULT_OUTPUT_KIB: usize = 16;
 /// Default bytes of `host.log` text one call may emit (the rest is counted and dropped).
 pub const DEFAULT_LOG_KIB: usize = 64;
+/// Default cap on the linear memories one call may create: a wasip2 guest has one, a wasip1
+/// guest with the adapter two. They all share `memory-mib`.
+pub const DEFAULT_MEMORIES: usize = 2;
+/// Default cap on the descriptors (files, directories) one call may hold open at once,
+/// besides its preopened directories.
+pub const DEFAULT_DESCRIPTORS: usize = 64;
 
 /// Why a grant file was refused.
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +126,22 @@ pub struct Limits {
     pub output_kib: Option<usize>,
     /// KiB of `host.log` text per call.
     pub log_kib: Option<usize>,
+    /// Linear memories one call may create (all of them together within `memory-mib`).
+    pub memories: Option<usize>,
+    /// Descriptors one call may hold open at once (preopens not counted).
+    pub descriptors: Option<usize>,
+}
+
+/// A Kubernetes reclaim policy a guest may put on its PVs (`Recycle` can never be granted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GrantedReclaim {
+    /// `Delete`.
+    Delete,
+    /// `Retain`.
+    Retain,
+    /// `Recycle`: parsed only to be refused with a clear message.
+    Recycle,
 }
 
 /// What the PVs a guest builds may point at.
@@ -138,6 +160,17 @@ pub struct VolumeGrants {
     /// Allowed CSI drivers.
     #[serde(default)]
     pub csi_drivers: Vec<String>,
+    /// Export paths per NFS server: a volume's path must lie under one of its server's
+    /// prefixes (a server without an entry grants no path).
+    #[serde(default)]
+    pub nfs_exports: BTreeMap<String, Vec<PathBuf>>,
+    /// Volume-handle patterns per CSI driver (`*` matches any run of characters); a driver
+    /// without an entry grants no handle.
+    #[serde(default)]
+    pub csi_volume_handles: BTreeMap<String, Vec<String>>,
+    /// Reclaim policies the guest may set (default: delete and retain; never recycle).
+    #[serde(default)]
+    pub reclaim_policies: Option<BTreeSet<GrantedReclaim>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -173,6 +206,10 @@ pub struct Grants {
     pub output_bytes: usize,
     /// Bytes of `host.log` text per call.
     pub log_bytes: usize,
+    /// Linear memories per call.
+    pub memories: usize,
+    /// Open descriptors per call.
+    pub descriptors: usize,
     /// Preopened directories, host paths absolute.
     pub dirs: Vec<DirGrant>,
     /// What built PVs may point at.
@@ -228,6 +265,8 @@ impl Grants {
             instances: None,
             output_kib: None,
             log_kib: None,
+            memories: None,
+            descriptors: None,
         });
         let call_timeout = limits
             .call_timeout_ms
@@ -270,6 +309,8 @@ impl Grants {
             16 * 1024,
         )?;
         let log_kib = bounded("log-kib", limits.log_kib, DEFAULT_LOG_KIB, 16 * 1024)?;
+        let memories = bounded("memories", limits.memories, DEFAULT_MEMORIES, 16)?;
+        let descriptors = bounded("descriptors", limits.descriptors, DEFAULT_DESCRIPTORS, 4096)?;
         let mut dirs = Vec::with_capacity(file.dirs.len());
         for dir in file.dirs {
             if !dir.guest.starts_with('/') {
@@ -293,6 +334,27 @@ impl Grants {
                 )));
             }
         }
+        // Entries for servers or drivers not granted are inert (a grant can take a server
+        // away without editing its exports).
+        for (server, prefixes) in &file.volumes.nfs_exports {
+            for prefix in prefixes {
+                if !prefix.is_absolute() || has_parent_component(prefix) {
+                    return Err(invalid(format!(
+                        "volumes.nfs-exports.{server:?}: {} must be absolute and without `..`",
+                        prefix.display()
+                    )));
+                }
+            }
+        }
+        if let Some(policies) = &file.volumes.reclaim_policies
+            && policies.contains(&GrantedReclaim::Recycle)
+        {
+            return Err(invalid(
+                "volumes.reclaim-policies: recycle cannot be granted (kube-controller-manager would \
+                 scrub the directory with `rm -rf` in a pod of its own)"
+                    .into(),
+            ));
+        }
         let config = file.config.unwrap_or_default();
         let config_json = serde_json::to_string(&config)
             .map_err(|e| invalid(format!("config cannot be passed as JSON: {e}")))?;
@@ -305,10 +367,56 @@ impl Grants {
             instances,
             output_bytes: output_kib * 1024,
             log_bytes: log_kib * 1024,
+            memories,
+            descriptors,
             dirs,
             volumes: file.volumes,
             config_json,
         })
+    }
+
+    /// Whether `policy` may be set on a PV (default: delete and retain).
+    pub fn reclaim_granted(&self, policy: GrantedReclaim) -> bool {
+        match &self.volumes.reclaim_policies {
+            Some(granted) => granted.contains(&policy),
+            None => policy != GrantedReclaim::Recycle,
+        }
+    }
+
+    /// Whether the NFS export `path` on `server` lies under one of the server's granted prefixes.
+    pub fn nfs_export_granted(&self, server: &str, path: &Path) -> bool {
+        self.volumes
+            .nfs_exports
+            .get(server)
+            .is_some_and(|prefixes| prefixes.iter().any(|p| path.starts_with(p)))
+    }
+
+    /// Whether `handle` matches one of the patterns granted for the CSI `driver`.
+    pub fn csi_handle_granted(&self, driver: &str, handle: &str) -> bool {
+        self.volumes
+            .csi_volume_handles
+            .get(driver)
+            .is_some_and(|patterns| patterns.iter().any(|p| glob_match(p, handle)))
+    }
+
+    /// Refuses grant directories that overlap `protected` ones (the plugins directory, the
+    /// module cache): a guest writing there could rewrite its own grants or plant native code.
+    pub fn check_protected(&self, protected: &[&Path]) -> Result<(), String> {
+        let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_owned());
+        for dir in &self.dirs {
+            let host = canonical(&dir.host);
+            for protected in protected {
+                let protected = canonical(protected);
+                if host.starts_with(&protected) || protected.starts_with(&host) {
+                    return Err(format!(
+                        "dirs: {} overlaps {}, which the host keeps for itself (plugins or module cache)",
+                        dir.host.display(),
+                        protected.display()
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether `path` (absolute, normalised) lies under one of the granted path prefixes.
@@ -318,6 +426,27 @@ impl Grants {
             .iter()
             .any(|prefix| path.starts_with(prefix))
     }
+}
+
+/// Whether `text` matches `pattern`, where `*` matches any run of characters (also empty) and
+/// every other character only itself.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 /// Whether a path has a `..` component.
@@ -405,6 +534,96 @@ nested = { a = 1 }
         )
         .unwrap_err();
         assert!(err.to_string().contains("rbd"), "{err}");
+    }
+
+    #[test]
+    fn glob_patterns() {
+        for (pattern, text, ok) in [
+            ("tenant-a-*", "tenant-a-1", true),
+            ("tenant-a-*", "tenant-b-1", false),
+            ("*", "", true),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+            ("a*b*c", "a-x-b-y-c", true),
+            ("a*b*c", "a-x-c-b", false),
+            ("ab*ba", "aba", false),
+            ("vol/*/data", "vol/1/data", true),
+        ] {
+            assert_eq!(glob_match(pattern, text), ok, "{pattern} ~ {text}");
+        }
+    }
+
+    #[test]
+    fn volume_grants_per_server_driver_and_policy() {
+        let g = Grants::parse(
+            r#"provisioner = "x"
+[volumes]
+kinds = ["nfs", "csi"]
+nfs-servers = ["nfs.a", "nfs.b"]
+csi-drivers = ["csi.a", "csi.b"]
+reclaim-policies = ["retain"]
+[volumes.nfs-exports]
+"nfs.a" = ["/exports/tenant-a"]
+[volumes.csi-volume-handles]
+"csi.a" = ["tenant-a-*"]"#,
+            Path::new("/"),
+        )
+        .unwrap();
+        assert!(g.nfs_export_granted("nfs.a", Path::new("/exports/tenant-a/pvc-1")));
+        assert!(!g.nfs_export_granted("nfs.a", Path::new("/exports/tenant-b/pvc-1")));
+        assert!(!g.nfs_export_granted("nfs.a", Path::new("/")));
+        assert!(!g.nfs_export_granted("nfs.b", Path::new("/exports/tenant-a")));
+        assert!(g.csi_handle_granted("csi.a", "tenant-a-vol1"));
+        assert!(!g.csi_handle_granted("csi.a", "tenant-b-vol1"));
+        assert!(!g.csi_handle_granted("csi.b", "tenant-a-vol1"));
+        assert!(g.reclaim_granted(GrantedReclaim::Retain));
+        assert!(!g.reclaim_granted(GrantedReclaim::Delete));
+        let defaults = Grants::parse("provisioner = \"x\"", Path::new("/")).unwrap();
+        assert!(defaults.reclaim_granted(GrantedReclaim::Delete));
+        assert!(!defaults.reclaim_granted(GrantedReclaim::Recycle));
+        for (text, why) in [
+            (
+                "[volumes]\nreclaim-policies = [\"recycle\"]",
+                "recycle cannot be granted",
+            ),
+            (
+                "[volumes]\nnfs-servers = [\"x\"]\n[volumes.nfs-exports]\n\"x\" = [\"e\"]",
+                "must be absolute",
+            ),
+            ("[limits]\ndescriptors = 0", "descriptors"),
+            ("[limits]\nmemories = 17", "memories"),
+        ] {
+            let err = Grants::parse(&format!("provisioner = \"x\"\n{text}"), Path::new("/"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(why), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn grant_dirs_may_not_overlap_the_plugins_directory_or_the_cache() {
+        let root = tempfile::tempdir().unwrap();
+        let plugins = root.path().join("plugins");
+        let cache = root.path().join("cache");
+        std::fs::create_dir_all(&plugins).unwrap();
+        std::fs::create_dir_all(&cache).unwrap();
+        let grant = |host: &Path| {
+            Grants::parse(
+                &format!(
+                    "provisioner = \"x\"\n[[dirs]]\nhost = \"{}\"\nguest = \"/d\"\naccess = \"read-write\"",
+                    host.display()
+                ),
+                Path::new("/"),
+            )
+            .unwrap()
+        };
+        let protected = [plugins.as_path(), cache.as_path()];
+        for bad in [root.path().to_owned(), plugins.join("sub"), cache.clone()] {
+            let err = grant(&bad).check_protected(&protected).unwrap_err();
+            assert!(err.contains("overlaps"), "{err}");
+        }
+        let data = root.path().join("data");
+        assert_eq!(grant(&data).check_protected(&protected), Ok(()));
     }
 
     #[test]

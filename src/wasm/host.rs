@@ -14,6 +14,7 @@ use super::bindings::types::{
 };
 use super::bindings::{host, types, volume_builder};
 use super::grants::Grants;
+use super::sandbox_fs::{FsGuard, SandboxFsView};
 use super::spec::VolumeSpecBuilder;
 
 /// What each `host.log` message costs on top of its text, so a flood of empty messages runs out
@@ -22,13 +23,22 @@ pub const LOG_MESSAGE_OVERHEAD: usize = 64;
 /// Volume-spec resources one call may create (each is host memory the guest does not pay for).
 pub const SPECS_PER_CALL: usize = 16;
 
-/// Caps linear memory, tables and instances of one store (from the guest's grants), and
-/// remembers which cap was hit so a failed call is reported as a limit, not a generic trap.
+/// Bytes one table element is counted as against the call's memory budget (a function
+/// reference is a pointer on the host).
+pub const TABLE_ELEMENT_BYTES: usize = 8;
+
+/// Caps the memory of one store (from the guest's grants): the *sum* of all its linear
+/// memories and tables at `memory-mib`, each table at `table-elements`, the number of memories
+/// at `memories` and of instances and tables at `instances`. Remembers which cap was hit so a
+/// failed call is reported as a limit, not a generic trap.
 #[derive(Debug)]
 pub struct CallLimiter {
     memory_bytes: usize,
     table_elements: usize,
     instances: usize,
+    memories: usize,
+    /// Bytes of linear memory and tables granted so far in this store.
+    reserved: usize,
     /// Set when the guest tried to grow memory past its cap.
     pub memory_hit: bool,
     /// Set when the guest tried to grow a table past its cap.
@@ -42,20 +52,40 @@ impl CallLimiter {
             memory_bytes: grants.memory_bytes,
             table_elements: grants.table_elements,
             instances: grants.instances,
+            memories: grants.memories,
+            reserved: 0,
             memory_hit: false,
             table_hit: false,
         }
+    }
+
+    /// Bytes of memories and tables this store holds (as far as the limiter has seen).
+    pub fn reserved_bytes(&self) -> usize {
+        self.reserved
+    }
+
+    /// Moves one memory or table from `current` to `desired` bytes if the sum stays in budget.
+    fn reserve(&mut self, current: usize, desired: usize) -> bool {
+        let total = self
+            .reserved
+            .saturating_sub(current)
+            .saturating_add(desired);
+        if total > self.memory_bytes {
+            return false;
+        }
+        self.reserved = total;
+        true
     }
 }
 
 impl ResourceLimiter for CallLimiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> WasmResult<bool> {
-        if desired > self.memory_bytes {
+        if !self.reserve(current, desired) {
             self.memory_hit = true;
             return Ok(false);
         }
@@ -64,12 +94,17 @@ impl ResourceLimiter for CallLimiter {
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> WasmResult<bool> {
+        let bytes = |elements: usize| elements.saturating_mul(TABLE_ELEMENT_BYTES);
         if desired > self.table_elements {
             self.table_hit = true;
+            return Ok(false);
+        }
+        if !self.reserve(bytes(current), bytes(desired)) {
+            self.memory_hit = true;
             return Ok(false);
         }
         Ok(true)
@@ -84,9 +119,9 @@ impl ResourceLimiter for CallLimiter {
     }
 
     fn memories(&self) -> usize {
-        // A composed component may carry several memories; each is capped on its own, so their
-        // number is capped too.
-        self.instances
+        // A composed component may carry several memories; they share one budget, and their
+        // number is capped at what guests need (a wasip2 guest has one, an adapted wasip1 two).
+        self.memories
     }
 }
 
@@ -98,6 +133,8 @@ pub struct GuestState {
     table: ResourceTable,
     /// Memory and table caps for this call.
     pub limiter: CallLimiter,
+    /// The filesystem guard: descriptors held, calls refused.
+    pub fs_guard: FsGuard,
     log_bytes_left: usize,
     /// Log messages dropped because the per-call budget ran out.
     pub logs_dropped: u64,
@@ -108,6 +145,7 @@ impl GuestState {
     /// State for one call of `guest` under `grants`, with a prepared WASI context.
     pub fn new(guest: Arc<str>, grants: Arc<Grants>, wasi: WasiCtx) -> Self {
         let limiter = CallLimiter::new(&grants);
+        let fs_guard = FsGuard::new(grants.descriptors);
         let log_bytes_left = grants.log_bytes;
         GuestState {
             guest,
@@ -115,6 +153,7 @@ impl GuestState {
             wasi,
             table: ResourceTable::new(),
             limiter,
+            fs_guard,
             log_bytes_left,
             logs_dropped: 0,
             specs_created: 0,
@@ -127,6 +166,15 @@ impl GuestState {
         spec: Resource<VolumeSpecBuilder>,
     ) -> WasmResult<VolumeSpecBuilder> {
         Ok(self.table.delete(spec)?)
+    }
+
+    /// The guest's `wasi:filesystem/types`, through the guard ([`super::sandbox_fs`]).
+    pub fn sandbox_fs(&mut self) -> SandboxFsView<'_> {
+        let inner = wasmtime_wasi::filesystem::WasiFilesystemCtxView {
+            ctx: self.wasi.filesystem(),
+            table: &mut self.table,
+        };
+        SandboxFsView::new(inner, &mut self.fs_guard)
     }
 
     /// The grants this call runs under.
@@ -381,13 +429,33 @@ mod tests {
         let cap = s.grants.memory_bytes;
         assert!(l.memory_growing(0, cap / 2, None).unwrap());
         assert!(!l.memory_hit);
-        assert!(!l.memory_growing(0, cap + 1, None).unwrap());
+        assert!(!l.memory_growing(cap / 2, cap + 1, None).unwrap());
         assert!(l.memory_hit);
         let elements = s.grants.table_elements;
+        let mut l = CallLimiter::new(&s.grants);
         assert!(l.table_growing(0, elements, None).unwrap());
         assert!(!l.table_growing(0, elements + 1, None).unwrap());
         assert!(l.table_hit);
         assert_eq!(l.instances(), s.grants.instances);
-        assert_eq!(l.memories(), s.grants.instances);
+        assert_eq!(l.memories(), s.grants.memories);
+    }
+
+    #[test]
+    fn all_memories_and_tables_of_a_call_share_one_budget() {
+        let s = state();
+        let cap = s.grants.memory_bytes;
+        let mut l = CallLimiter::new(&s.grants);
+        // Two memories of half the cap each fit; a third byte anywhere does not.
+        assert!(l.memory_growing(0, cap / 2, None).unwrap());
+        assert!(l.memory_growing(0, cap / 2, None).unwrap());
+        assert!(!l.memory_growing(0, 65536, None).unwrap());
+        assert!(l.memory_hit);
+        assert!(!l.table_growing(0, 1, None).unwrap());
+        assert_eq!(l.reserved_bytes(), cap);
+        // Growing one memory counts only the difference.
+        let mut l = CallLimiter::new(&s.grants);
+        assert!(l.memory_growing(0, 65536, None).unwrap());
+        assert!(l.memory_growing(65536, cap, None).unwrap());
+        assert_eq!(l.reserved_bytes(), cap);
     }
 }

@@ -4,13 +4,18 @@ pub mod bindings;
 pub mod cache;
 pub mod contract;
 pub mod convert;
+pub mod engine;
+pub mod errors;
 pub mod executor;
 pub mod grants;
+pub mod guest;
 pub mod host;
+pub mod nodepath;
 pub mod output;
 pub mod plugins;
 pub mod reload;
 pub mod runtime;
+pub mod sandbox_fs;
 pub mod spec;
 
 pub use bindings::types::{ProvisionError, SpecError};

@@ -234,6 +234,14 @@ impl Loader {
             .map_err(|_| rejected(&grant_path, "grant file is not UTF-8".into()))?;
         let grants = Grants::from_text(&grant_path, &grant_text)
             .map_err(|e| rejected(&grant_path, e.to_string()))?;
+        let mut protected = vec![self.dir.as_path()];
+        protected.extend(self.engine.module_cache().map(|c| c.dir()));
+        grants.check_protected(&protected).map_err(|reason| {
+            rejected(
+                &grant_path,
+                format!("grant file {}: {reason}", grant_path.display()),
+            )
+        })?;
         let guest = self
             .engine
             .load_bytes(name, &wasm.display().to_string(), &bytes, grants)

@@ -12,7 +12,7 @@ use super::bindings::types::{
     NodeSelectorOperator, NodeSelectorTerm, Pair, ReclaimPolicy, SpecError, VolumeMode,
     VolumeSource,
 };
-use super::grants::{Grants, SourceKind, has_parent_component};
+use super::grants::{GrantedReclaim, Grants, SourceKind, has_parent_component};
 
 /// Kubernetes' limit on the total size of an object's annotations.
 pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
@@ -118,19 +118,28 @@ impl VolumeSpecBuilder {
         Ok(())
     }
 
-    /// Adds a label.
+    /// Adds a label. Checked before it is kept: a refused label is dropped, never stored.
     pub fn label(&mut self, key: String, value: String) -> Result<(), SpecError> {
         check_metadata_key(&key)?;
         check_label_value(&value)?;
+        let added = usize::from(!self.labels.contains_key(&key));
+        check_entries(self.labels.len() + self.annotations.len() + added)?;
         self.labels.insert(key, value);
-        check_metadata_budget(&self.labels, &self.annotations)
+        Ok(())
     }
 
-    /// Adds an annotation.
+    /// Adds an annotation. Checked before it is kept: a refused annotation is dropped, never
+    /// stored, so refusals cannot pile up host memory.
     pub fn annotation(&mut self, key: String, value: String) -> Result<(), SpecError> {
         check_metadata_key(&key)?;
+        let replaced = self.annotations.get(&key).map(|v| key.len() + v.len());
+        let added = usize::from(replaced.is_none());
+        check_entries(self.labels.len() + self.annotations.len() + added)?;
+        let size =
+            annotations_size(&self.annotations) - replaced.unwrap_or(0) + key.len() + value.len();
+        check_annotations_size(size)?;
         self.annotations.insert(key, value);
-        check_metadata_budget(&self.labels, &self.annotations)
+        Ok(())
     }
 
     /// Sets a hostPath source.
@@ -189,8 +198,20 @@ impl VolumeSpecBuilder {
     pub fn note_refusal(&mut self, error: &SpecError) {
         self.refusals += 1;
         if self.first_refusal.is_none() {
-            let mut message = super::describe_spec_error(error);
-            message.truncate(512);
+            // Messages are already bounded (see `shown`); cut at a character boundary and
+            // shrink the allocation anyway, so a refusal never keeps more than 512 bytes.
+            let message = super::describe_spec_error(error);
+            let cut = message
+                .char_indices()
+                .map(|(i, _)| i)
+                .take_while(|i| *i <= 512)
+                .last()
+                .unwrap_or(0);
+            let message = if message.len() > 512 {
+                message[..cut].to_owned()
+            } else {
+                message
+            };
             self.first_refusal = Some(message);
         }
     }
@@ -214,6 +235,9 @@ impl VolumeSpecBuilder {
             check_mount_options(options)?;
         }
         check_node_affinity(&self.node_affinity)?;
+        if let Some(policy) = self.reclaim_policy {
+            check_reclaim_policy(grants, policy)?;
+        }
         if matches!(source, VolumeSource::Local(_)) && self.node_affinity.is_empty() {
             return Err(invalid("a local volume needs node affinity"));
         }
@@ -239,6 +263,55 @@ impl VolumeSpecBuilder {
     }
 }
 
+fn check_reclaim_policy(grants: &Grants, policy: ReclaimPolicy) -> Result<(), SpecError> {
+    let granted = match policy {
+        ReclaimPolicy::Delete => GrantedReclaim::Delete,
+        ReclaimPolicy::Retain => GrantedReclaim::Retain,
+        ReclaimPolicy::Recycle => GrantedReclaim::Recycle,
+    };
+    if grants.reclaim_granted(granted) {
+        Ok(())
+    } else {
+        Err(not_granted(format!(
+            "reclaim policy {policy:?} is not granted (Recycle never is)"
+        )))
+    }
+}
+
+/// When the scheduler selected a node for the claim, a volume with node affinity must admit
+/// that node by name in every term (`kubernetes.io/hostname in [..., node, ...]`): a guest may
+/// not pin a claim's volume to another node.
+pub fn check_selected_node(
+    volume: &BuiltVolume,
+    selected_node: Option<&str>,
+) -> Result<(), SpecError> {
+    let Some(node) = selected_node else {
+        return Ok(());
+    };
+    if volume.node_affinity.is_empty() {
+        return Ok(());
+    }
+    let names_node = |term: &NodeSelectorTerm| {
+        term.requirements.iter().any(|r| {
+            r.key == HOSTNAME_LABEL
+                && r.operator == NodeSelectorOperator::In
+                && r.values.iter().any(|v| v == node)
+        })
+    };
+    if volume.node_affinity.iter().all(names_node) {
+        Ok(())
+    } else {
+        Err(not_granted(format!(
+            "node affinity does not name the claim's selected node {}: every term needs `{HOSTNAME_LABEL} in [{}]`",
+            shown(node),
+            shown(node)
+        )))
+    }
+}
+
+/// The node label the kubelet sets to the node's name.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
 fn check_capacity(bytes: u64) -> Result<(), SpecError> {
     if bytes == 0 || bytes > MAX_CAPACITY_BYTES {
         return Err(invalid(format!(
@@ -254,7 +327,10 @@ fn check_mount_options(options: &[String]) -> Result<(), SpecError> {
     }
     for option in options {
         if option.is_empty() || option.len() > 256 || option.contains(['\0', '\n']) {
-            return Err(invalid(format!("mount option {option:?} is not valid")));
+            return Err(invalid(format!(
+                "mount option {} is not valid",
+                shown(option)
+            )));
         }
     }
     Ok(())
@@ -278,8 +354,8 @@ fn check_node_affinity(terms: &[NodeSelectorTerm]) -> Result<(), SpecError> {
             );
             if needs_values == req.values.is_empty() {
                 return Err(invalid(format!(
-                    "node selector requirement on {:?}: `in`/`not-in` need values, `exists`/`does-not-exist` take none",
-                    req.key
+                    "node selector requirement on {}: `in`/`not-in` need values, `exists`/`does-not-exist` take none",
+                    shown(&req.key)
                 )));
             }
             for value in &req.values {
@@ -303,7 +379,8 @@ fn check_metadata_key(key: &str) -> Result<(), SpecError> {
         });
     if let Some(prefix) = reserved {
         return Err(not_granted(format!(
-            "key {key:?} is in {prefix:?}, which the host owns"
+            "key {} is in {prefix:?}, which the host owns",
+            shown(key)
         )));
     }
     Ok(())
@@ -313,18 +390,43 @@ fn check_metadata_budget(
     labels: &BTreeMap<String, String>,
     annotations: &BTreeMap<String, String>,
 ) -> Result<(), SpecError> {
-    if labels.len() + annotations.len() > MAX_METADATA_ENTRIES {
+    check_entries(labels.len() + annotations.len())?;
+    check_annotations_size(annotations_size(annotations))
+}
+
+fn check_entries(entries: usize) -> Result<(), SpecError> {
+    if entries > MAX_METADATA_ENTRIES {
         return Err(invalid(format!(
             "at most {MAX_METADATA_ENTRIES} labels and annotations"
         )));
     }
-    let size: usize = annotations.iter().map(|(k, v)| k.len() + v.len()).sum();
+    Ok(())
+}
+
+fn annotations_size(annotations: &BTreeMap<String, String>) -> usize {
+    annotations.iter().map(|(k, v)| k.len() + v.len()).sum()
+}
+
+fn check_annotations_size(size: usize) -> Result<(), SpecError> {
     if size > MAX_ANNOTATIONS_BYTES {
         return Err(invalid(format!(
             "annotations total {size} bytes, more than Kubernetes' {MAX_ANNOTATIONS_BYTES}"
         )));
     }
     Ok(())
+}
+
+/// Characters of a guest-supplied value quoted in a refusal: messages are built from a
+/// bounded prefix, never from the whole value (which may be megabytes of control bytes).
+pub const SHOWN_CHARS: usize = 64;
+
+/// `value` quoted for a message: at most [`SHOWN_CHARS`] characters, Debug-escaped, with the
+/// full length when it was cut.
+pub fn shown(value: &str) -> String {
+    match value.char_indices().nth(SHOWN_CHARS) {
+        None => format!("{value:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &value[..cut], value.len()),
+    }
 }
 
 /// A Kubernetes qualified name: `[prefix/]name`, prefix a DNS subdomain, name ≤ 63 characters.
@@ -355,7 +457,10 @@ fn check_qualified_name(key: &str) -> Result<(), SpecError> {
     if name_ok && prefix_ok {
         Ok(())
     } else {
-        Err(invalid(format!("{key:?} is not a valid Kubernetes key")))
+        Err(invalid(format!(
+            "{} is not a valid Kubernetes key",
+            shown(key)
+        )))
     }
 }
 
@@ -370,7 +475,10 @@ fn check_label_value(value: &str) -> Result<(), SpecError> {
     if ok {
         Ok(())
     } else {
-        Err(invalid(format!("{value:?} is not a valid label value")))
+        Err(invalid(format!(
+            "{} is not a valid label value",
+            shown(value)
+        )))
     }
 }
 
@@ -387,7 +495,8 @@ fn check_node_path(path: &str) -> Result<(), SpecError> {
         Ok(())
     } else {
         Err(invalid(format!(
-            "path {path:?} must be absolute and normalised (no `..`, `.` or `//`)"
+            "path {} must be absolute and normalised (no `..`, `.` or `//`)",
+            shown(path)
         )))
     }
 }
@@ -416,7 +525,8 @@ pub fn check_source(grants: &Grants, source: &VolumeSource) -> Result<(), SpecEr
             check_node_path(path)?;
             if !grants.path_granted(Path::new(path)) {
                 return Err(not_granted(format!(
-                    "path {path:?} is outside the granted prefixes {:?}",
+                    "path {} is outside the granted prefixes {:?}",
+                    shown(path),
                     grants.volumes.path_prefixes
                 )));
             }
@@ -424,7 +534,23 @@ pub fn check_source(grants: &Grants, source: &VolumeSource) -> Result<(), SpecEr
         VolumeSource::Nfs(NfsSource { server, path, .. }) => {
             check_node_path(path)?;
             if !grants.volumes.nfs_servers.iter().any(|s| s == server) {
-                return Err(not_granted(format!("NFS server {server:?} is not granted")));
+                return Err(not_granted(format!(
+                    "NFS server {} is not granted",
+                    shown(server)
+                )));
+            }
+            if !grants.nfs_export_granted(server, Path::new(path)) {
+                return Err(not_granted(format!(
+                    "NFS export {} on {} is not granted (granted: {:?})",
+                    shown(path),
+                    shown(server),
+                    grants
+                        .volumes
+                        .nfs_exports
+                        .get(server.as_str())
+                        .cloned()
+                        .unwrap_or_default()
+                )));
             }
         }
         VolumeSource::Csi(CsiSource {
@@ -434,10 +560,26 @@ pub fn check_source(grants: &Grants, source: &VolumeSource) -> Result<(), SpecEr
             ..
         }) => {
             if !grants.volumes.csi_drivers.iter().any(|d| d == driver) {
-                return Err(not_granted(format!("CSI driver {driver:?} is not granted")));
+                return Err(not_granted(format!(
+                    "CSI driver {} is not granted",
+                    shown(driver)
+                )));
             }
             if volume_handle.is_empty() || volume_handle.len() > 1024 {
                 return Err(invalid("CSI volume handle must be 1 to 1024 bytes"));
+            }
+            if !grants.csi_handle_granted(driver, volume_handle) {
+                return Err(not_granted(format!(
+                    "CSI volume handle {} of driver {} matches none of the granted patterns {:?}",
+                    shown(volume_handle),
+                    shown(driver),
+                    grants
+                        .volumes
+                        .csi_volume_handles
+                        .get(driver.as_str())
+                        .cloned()
+                        .unwrap_or_default()
+                )));
             }
             let size: usize = attributes
                 .iter()
@@ -462,7 +604,10 @@ mod tests {
 [volumes]
 kinds = ["host-path", "nfs"]
 path-prefixes = ["/srv/vol"]
-nfs-servers = ["nfs.local"]"#,
+nfs-servers = ["nfs.local"]
+reclaim-policies = ["delete"]
+[volumes.nfs-exports]
+"nfs.local" = ["/export"]"#,
             Path::new("/"),
         )
         .unwrap()
@@ -521,6 +666,19 @@ nfs-servers = ["nfs.local"]"#,
             b.nfs(&g, "nfs.local".into(), "/export/a".into(), false)
                 .is_ok()
         );
+        // Another export on a granted server (`/`, another tenant's) is not granted.
+        assert!(is_not_granted(b.nfs(
+            &g,
+            "nfs.local".into(),
+            "/".into(),
+            false
+        )));
+        assert!(is_not_granted(b.nfs(
+            &g,
+            "nfs.local".into(),
+            "/exports-b/x".into(),
+            false
+        )));
         assert!(is_not_granted(b.local(&g, "/srv/vol/a".into(), None)));
         let csi = CsiSource {
             driver: "d".into(),
@@ -593,6 +751,84 @@ nfs-servers = ["nfs.local"]"#,
             message.contains("1 of its values were refused") && message.contains("capacity"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn refused_metadata_is_dropped_and_messages_are_bounded() {
+        let mut b = VolumeSpecBuilder::default();
+        let big = "\u{1}".repeat(8 << 20);
+        for i in 0..4 {
+            let err = b
+                .annotation(format!("example.com/a{i}"), big.clone())
+                .unwrap_err();
+            let SpecError::Invalid(message) = &err else {
+                panic!("{err:?}")
+            };
+            assert!(message.len() < 200, "{}", message.len());
+            b.note_refusal(&err);
+        }
+        assert!(
+            b.annotations.is_empty(),
+            "refused annotations were not kept"
+        );
+        let err = b.label("example.com/l".into(), big.clone()).unwrap_err();
+        assert!(super::super::describe_spec_error(&err).len() < 600);
+        assert!(b.labels.is_empty());
+        assert!(b.first_refusal.as_ref().unwrap().len() <= 512);
+        // Many small labels: refused past the entry cap, never stored.
+        let mut b = VolumeSpecBuilder::default();
+        for i in 0..1000 {
+            let _ = b.label(format!("example.com/l{i}"), "v".into());
+        }
+        assert_eq!(b.labels.len(), MAX_METADATA_ENTRIES);
+        assert!(shown(&"x".repeat(1000)).len() < 100);
+    }
+
+    #[test]
+    fn recycle_and_ungranted_policies_are_refused_at_finish() {
+        let g = grants();
+        let mut b = VolumeSpecBuilder::default();
+        b.host_path(&g, "/srv/vol/a".into(), HostPathType::Unset)
+            .unwrap();
+        b.reclaim_policy(ReclaimPolicy::Recycle);
+        assert!(
+            matches!(b.clone().finish(&g), Err(SpecError::NotGranted(m)) if m.contains("Recycle"))
+        );
+        b.reclaim_policy(ReclaimPolicy::Retain);
+        assert!(matches!(
+            b.clone().finish(&g),
+            Err(SpecError::NotGranted(_))
+        ));
+        b.reclaim_policy(ReclaimPolicy::Delete);
+        assert!(b.finish(&g).is_ok());
+    }
+
+    #[test]
+    fn affinity_must_name_the_selected_node() {
+        let g = grants();
+        let term = |node: &str| NodeSelectorTerm {
+            requirements: vec![NodeSelectorRequirement {
+                key: HOSTNAME_LABEL.into(),
+                operator: NodeSelectorOperator::In,
+                values: vec![node.into()],
+            }],
+        };
+        let mut b = VolumeSpecBuilder::default();
+        b.host_path(&g, "/srv/vol/a".into(), HostPathType::Unset)
+            .unwrap();
+        let none = b.clone().finish(&g).unwrap();
+        assert_eq!(check_selected_node(&none, Some("n1")), Ok(()));
+        b.node_affinity(vec![term("n1")]).unwrap();
+        let right = b.clone().finish(&g).unwrap();
+        assert_eq!(check_selected_node(&right, Some("n1")), Ok(()));
+        assert_eq!(check_selected_node(&right, None), Ok(()));
+        assert!(matches!(
+            check_selected_node(&right, Some("n2")),
+            Err(SpecError::NotGranted(_))
+        ));
+        b.node_affinity(vec![term("n1"), term("n2")]).unwrap();
+        let both = b.finish(&g).unwrap();
+        assert!(check_selected_node(&both, Some("n1")).is_err());
     }
 
     #[test]

@@ -1,0 +1,256 @@
+//! node-attack: an adversarial test guest that goes for the node, not for its own sandbox. The
+//! class parameter `attack` picks the attack; it reports what the host let it do in its
+//! result, so tests can assert each hole is closed.
+//!
+//! ```text
+//! relative-link      symlink <pv> -> ../../../../etc, hostPath <node-dir>/<pv>
+//! intermediate-link  symlink sub -> ../../../.., hostPath <node-dir>/sub/<pv>
+//! swap               rename <target> away, symlink <target> -> /etc, rename <planted> to <target>
+//! rename-planted     rename <planted> (a pod's link) to <pv>, hostPath <node-dir>/<pv>
+//! link-planted       hard-link <planted> to <pv>, hostPath <node-dir>/<pv>
+//! fifo               open <fifo> (a pod's FIFO) for reading
+//! fd-hoard           open the granted directory until something says no
+//! annotation-hoard   96 annotations of 8 MiB each, every refusal ignored
+//! nfs-export         an NFS volume on <server> at <path> (another export of a granted server)
+//! csi-handle         a CSI volume of <driver> with <handle> (another tenant's volume)
+//! recycle            a normal volume with reclaim policy Recycle
+//! other-node         a normal volume pinned to <node>, whatever node the scheduler chose
+//! none               mkdir <guest-dir>/<pv>, hostPath <node-dir>/<pv>
+//! ```
+//!
+//! Whatever the host let through is returned as `final` "did: ..." or as the volume itself; a
+//! test expects the host's refusal.
+
+use std::hint::black_box;
+
+wit_bindgen::generate!({
+    path: "../../wit",
+    world: "provisioner",
+});
+
+use exports::wasm_provisioner::provisioner::lifecycle::Guest;
+use wasm_provisioner::provisioner::types::{
+    DeleteRequest, HostPathType, NodeSelectorOperator, NodeSelectorRequirement, NodeSelectorTerm,
+    Pair, ProvisionError, ProvisionRequest, ReclaimPolicy,
+};
+use wasm_provisioner::provisioner::volume_builder::VolumeSpec;
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct Config {
+    guest_dir: String,
+    node_dir: String,
+}
+
+impl Config {
+    fn guest_path(&self, name: &str) -> String {
+        format!("{}/{name}", self.guest_dir.trim_end_matches('/'))
+    }
+
+    fn node_path(&self, name: &str) -> String {
+        format!("{}/{name}", self.node_dir.trim_end_matches('/'))
+    }
+}
+
+fn parameter<'p>(parameters: &'p [Pair], key: &str) -> Option<&'p str> {
+    parameters
+        .iter()
+        .find(|p| p.key == key)
+        .map(|p| p.value.as_str())
+}
+
+struct NodeAttack;
+
+impl Guest for NodeAttack {
+    fn provision(request: ProvisionRequest) -> Result<VolumeSpec, ProvisionError> {
+        let config: Config = serde_json::from_str(&request.config)
+            .map_err(|error| ProvisionError::Final(format!("guest config: {error}")))?;
+        let params = &request.storage_class.parameters;
+        let pv = request.pv_name.as_str();
+        let planted = parameter(params, "planted").unwrap_or("planted");
+        let mut did = Vec::new();
+        let mut note = |what: String, outcome: Result<(), String>| {
+            did.push(match outcome {
+                Ok(()) => format!("{what}: ok"),
+                Err(error) => format!("{what}: {error}"),
+            })
+        };
+        match parameter(params, "attack").unwrap_or("none") {
+            "relative-link" => {
+                note(
+                    format!("symlink {pv} -> ../../../../etc"),
+                    symlink(&config, "../../../../etc", pv),
+                );
+                host_path(&config.node_path(pv), did)
+            }
+            "intermediate-link" => {
+                note(
+                    "symlink sub -> ../../../..".into(),
+                    symlink(&config, "../../../..", "sub"),
+                );
+                host_path(&config.node_path(&format!("sub/{pv}")), did)
+            }
+            "swap" => {
+                let target = parameter(params, "target").unwrap_or("served");
+                let away = format!("{target}.away");
+                note(
+                    format!("rename {target} {away}"),
+                    rename(&config, target, &away),
+                );
+                note(
+                    format!("symlink {target} -> /etc"),
+                    symlink(&config, "/etc", target),
+                );
+                note(
+                    format!("symlink {target} -> ../../../../etc"),
+                    symlink(&config, "../../../../etc", target),
+                );
+                note(
+                    format!("rename {planted} {target}"),
+                    rename(&config, planted, target),
+                );
+                Err(ProvisionError::Final(format!("did: {}", did.join("; "))))
+            }
+            "rename-planted" => {
+                note(
+                    format!("rename {planted} {pv}"),
+                    rename(&config, planted, pv),
+                );
+                host_path(&config.node_path(pv), did)
+            }
+            "link-planted" => {
+                let outcome = std::fs::hard_link(config.guest_path(planted), config.guest_path(pv))
+                    .map_err(|e| e.to_string());
+                note(format!("link {planted} {pv}"), outcome);
+                host_path(&config.node_path(pv), did)
+            }
+            "fifo" => {
+                let fifo = parameter(params, "fifo").unwrap_or("fifo");
+                let outcome = std::fs::File::open(config.guest_path(fifo))
+                    .map(drop)
+                    .map_err(|e| e.to_string());
+                note(format!("open {fifo}"), outcome);
+                Err(ProvisionError::Final(format!("did: {}", did.join("; "))))
+            }
+            "fd-hoard" => {
+                let mut held = Vec::new();
+                let error = loop {
+                    match std::fs::File::open(&config.guest_dir) {
+                        Ok(file) => held.push(file),
+                        Err(error) => break error,
+                    }
+                    if held.len() >= 1_000_000 {
+                        break std::io::Error::other("a million descriptors and counting");
+                    }
+                };
+                Err(ProvisionError::Final(format!(
+                    "did: opened {} descriptors, then: {error}",
+                    held.len()
+                )))
+            }
+            "annotation-hoard" => {
+                let spec = normal_volume(&config, pv)?;
+                let value = "\u{1}".repeat(8 << 20);
+                for i in 0..96 {
+                    let _ =
+                        spec.annotation(&format!("attack.example/hoard-{i}"), black_box(&value));
+                }
+                Ok(spec)
+            }
+            "nfs-export" => {
+                let spec = VolumeSpec::new();
+                let server = parameter(params, "server").unwrap_or("nfs.example.com");
+                let path = parameter(params, "path").unwrap_or("/");
+                spec.nfs(server, path, false)
+                    .map_err(|error| ProvisionError::Final(format!("refused: {error:?}")))?;
+                Ok(spec)
+            }
+            "csi-handle" => {
+                let spec = VolumeSpec::new();
+                let driver = parameter(params, "driver").unwrap_or("csi.example.com");
+                let handle = parameter(params, "handle").unwrap_or("another-tenants-volume");
+                spec.csi(driver, handle, None, false, &[])
+                    .map_err(|error| ProvisionError::Final(format!("refused: {error:?}")))?;
+                Ok(spec)
+            }
+            "recycle" => {
+                let spec = normal_volume(&config, pv)?;
+                spec.reclaim_policy(ReclaimPolicy::Recycle);
+                Ok(spec)
+            }
+            "other-node" => {
+                let spec = normal_volume(&config, pv)?;
+                let node = parameter(params, "node").unwrap_or("another-node");
+                spec.node_affinity(&[NodeSelectorTerm {
+                    requirements: vec![NodeSelectorRequirement {
+                        key: "kubernetes.io/hostname".into(),
+                        operator: NodeSelectorOperator::In,
+                        values: vec![node.into()],
+                    }],
+                }])
+                .map_err(|error| ProvisionError::Final(format!("refused: {error:?}")))?;
+                Ok(spec)
+            }
+            "none" => normal_volume(&config, pv),
+            other => Err(ProvisionError::Final(format!("unknown attack {other:?}"))),
+        }
+    }
+
+    fn delete(request: DeleteRequest) -> Result<(), ProvisionError> {
+        let config: Config = serde_json::from_str(&request.config)
+            .map_err(|error| ProvisionError::Final(format!("guest config: {error}")))?;
+        let path = config.guest_path(&request.volume.name);
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => Ok(()),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(error) => Err(ProvisionError::Transient(format!(
+                "removing {path}: {error}"
+            ))),
+        }
+    }
+}
+
+// Exported only from WebAssembly: the export names are not valid symbol names natively.
+#[cfg(target_arch = "wasm32")]
+export!(NodeAttack);
+
+/// A hostPath volume at `path`, with what the guest did recorded in an annotation.
+fn host_path(path: &str, did: Vec<String>) -> Result<VolumeSpec, ProvisionError> {
+    let spec = VolumeSpec::new();
+    spec.host_path(path, HostPathType::DirectoryOrCreate)
+        .map_err(|error| ProvisionError::Final(format!("host-path refused: {error:?}")))?;
+    let _ = spec.annotation("attack.example/did", &did.join("; ").replace(['\n'], " "));
+    Ok(spec)
+}
+
+/// The well-behaved path: a directory in the granted dir, described as a hostPath volume.
+fn normal_volume(config: &Config, pv: &str) -> Result<VolumeSpec, ProvisionError> {
+    let guest_path = config.guest_path(pv);
+    std::fs::create_dir_all(&guest_path)
+        .map_err(|error| ProvisionError::Transient(format!("creating {guest_path}: {error}")))?;
+    host_path(&config.node_path(pv), Vec::new())
+}
+
+fn rename(config: &Config, from: &str, to: &str) -> Result<(), String> {
+    std::fs::rename(config.guest_path(from), config.guest_path(to)).map_err(|e| e.to_string())
+}
+
+/// Creates the symlink `<guest-dir>/<name>` -> `target` through the preopen's WASI descriptor
+/// (`std::os::wasi::fs::symlink_path` is unstable on wasm32-wasip2).
+#[cfg(target_os = "wasi")]
+fn symlink(config: &Config, target: &str, name: &str) -> Result<(), String> {
+    let dir = config.guest_dir.trim_end_matches('/');
+    let (directory, _) = wasip2::filesystem::preopens::get_directories()
+        .into_iter()
+        .find(|(_, preopened)| preopened.trim_end_matches('/') == dir)
+        .ok_or_else(|| format!("{dir} is not a preopened directory"))?;
+    directory
+        .symlink_at(target, name)
+        .map_err(|code| code.to_string())
+}
+
+/// Native builds only run unit tests, which never plant links.
+#[cfg(not(target_os = "wasi"))]
+fn symlink(_config: &Config, _target: &str, _name: &str) -> Result<(), String> {
+    Err("symlinks are only attempted inside WebAssembly".to_owned())
+}

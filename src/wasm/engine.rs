@@ -1,0 +1,284 @@
+//! The wasm engine: one wasmtime `Engine` and `Linker` for all guests, the epoch ticker that
+//! drives deadlines, the instance pool, and compiling and linking a guest once per module.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use super::bindings::{ProvisionerFull, block_support, deletion_guard, lifecycle, qualifier};
+use super::cache::ModuleCache;
+use super::contract::{ContractInfo, Hook};
+use super::errors::LoadError;
+use super::executor::{ExecutorOptions, GuestExecutor};
+use super::grants::Grants;
+use super::guest::Guest;
+use super::host::GuestState;
+use crate::metrics::Metrics;
+
+/// How often the epoch ticks; deadlines are checked against the wall clock on each tick.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+/// Concurrent instances the pooling allocator is sized for (all guests together); calls beyond
+/// it wait for a slot rather than fail to instantiate.
+pub const POOL_INSTANCES: u32 = 128;
+
+/// Whether instances come from a preallocated pool (fast, bounded) or are allocated per call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Pooling {
+    /// Use the pool when the machine can reserve its address space, else allocate on demand.
+    #[default]
+    Auto,
+    /// Require the pool; fail to start without it.
+    On,
+    /// Allocate on demand.
+    Off,
+}
+
+/// How the engine is built.
+#[derive(Debug, Clone, Default)]
+pub struct EngineOptions {
+    /// Instance allocation strategy.
+    pub pooling: Pooling,
+    /// Directory of the compiled-module cache; none disables it.
+    pub module_cache: Option<PathBuf>,
+    /// Threads of their own (at a lower priority) for guest code; none runs calls on the
+    /// caller's runtime.
+    pub executor: Option<ExecutorOptions>,
+}
+
+/// One engine and linker for all guests, with the epoch ticker that drives deadlines.
+#[derive(Clone)]
+pub struct WasmEngine {
+    engine: Engine,
+    linker: Arc<Linker<GuestState>>,
+    metrics: Option<Metrics>,
+    /// Instance slots when pooling: every call holds one, so the pool is never exhausted.
+    pool_slots: Option<Arc<Semaphore>>,
+    cache: Option<Arc<ModuleCache>>,
+    executor: Option<GuestExecutor>,
+}
+
+fn base_config() -> Config {
+    let mut config = Config::new();
+    config.epoch_interruption(true);
+    config.wasm_component_model(true);
+    // Guests recursing without bound hit this, not the host's stack.
+    config.max_wasm_stack(1 << 20);
+    config
+}
+
+/// The pool: memories up to the largest grant (4 GiB; each guest's own cap is enforced by its
+/// limiter), room for [`POOL_INSTANCES`] component instances, pages returned to the OS on reuse.
+fn pooling_config() -> Config {
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_component_instances(POOL_INSTANCES)
+        .total_core_instances(POOL_INSTANCES * 8)
+        .total_memories(POOL_INSTANCES * 2)
+        .total_tables(POOL_INSTANCES * 8)
+        .total_stacks(POOL_INSTANCES)
+        .max_memory_size(4 << 30)
+        .table_elements(super::grants::DEFAULT_TABLE_ELEMENTS)
+        .linear_memory_keep_resident(0)
+        .table_keep_resident(0);
+    let mut config = base_config();
+    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    config
+}
+
+impl WasmEngine {
+    /// Creates the engine with default options (pooling when possible, no module cache).
+    pub fn new() -> Result<WasmEngine, LoadError> {
+        WasmEngine::with_options(&EngineOptions::default())
+    }
+
+    /// Creates the engine, the linker (WASI p2 plus the provisioner host API) and the ticker.
+    pub fn with_options(options: &EngineOptions) -> Result<WasmEngine, LoadError> {
+        let engine_err = |e: wasmtime::Error| LoadError::Engine(format!("{e:#}"));
+        // Creating a pooling engine reserves the pool's address space, so it is its own probe:
+        // on machines with a small address space (or a ulimit) it fails and we fall back.
+        let (engine, pooled) = match options.pooling {
+            Pooling::Off => (Engine::new(&base_config()).map_err(engine_err)?, false),
+            Pooling::On => (Engine::new(&pooling_config()).map_err(engine_err)?, true),
+            Pooling::Auto => match Engine::new(&pooling_config()) {
+                Ok(engine) => (engine, true),
+                Err(error) => {
+                    tracing::info!(error = %format!("{error:#}"), "pooling allocator unavailable; allocating instances on demand");
+                    (Engine::new(&base_config()).map_err(engine_err)?, false)
+                }
+            },
+        };
+        let cache = options
+            .module_cache
+            .as_deref()
+            .map(|dir| ModuleCache::open(dir, &engine).map(Arc::new))
+            .transpose()?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|e| LoadError::Engine(e.to_string()))?;
+        // The guest's filesystem goes through the guard (links, special files, descriptors).
+        super::sandbox_fs::add_to_linker(&mut linker)
+            .map_err(|e| LoadError::Engine(e.to_string()))?;
+        ProvisionerFull::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)
+            .map_err(|e| LoadError::Engine(e.to_string()))?;
+        let weak = engine.weak();
+        std::thread::Builder::new()
+            .name("wasm-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(EPOCH_TICK);
+                }
+            })
+            .map_err(|e| LoadError::Engine(e.to_string()))?;
+        let executor = options
+            .executor
+            .map(GuestExecutor::new)
+            .transpose()
+            .map_err(|e| LoadError::Engine(format!("cannot start the guest threads: {e}")))?;
+        Ok(WasmEngine {
+            engine,
+            linker: Arc::new(linker),
+            metrics: None,
+            pool_slots: pooled.then(|| Arc::new(Semaphore::new(POOL_INSTANCES as usize))),
+            cache,
+            executor,
+        })
+    }
+
+    /// Whether instances come from the pooling allocator.
+    pub fn pooling(&self) -> bool {
+        self.pool_slots.is_some()
+    }
+
+    /// The compiled-module cache, when one is configured.
+    pub fn module_cache(&self) -> Option<&ModuleCache> {
+        self.cache.as_deref()
+    }
+
+    /// Guests loaded from now on record their calls in `metrics`.
+    pub fn with_metrics(mut self, metrics: Metrics) -> WasmEngine {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The underlying wasmtime engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Compiles a component file without linking it (for `inspect`).
+    pub fn compile(&self, path: &Path) -> Result<(Component, String), LoadError> {
+        let bytes = read_module(path)?;
+        self.compile_bytes(&path.display().to_string(), &bytes)
+    }
+
+    /// Compiles component bytes read from `display`, through the module cache when there is one.
+    /// Precompiled artifacts are refused: from a plugins directory they would be native code.
+    pub fn compile_bytes(
+        &self,
+        display: &str,
+        bytes: &[u8],
+    ) -> Result<(Component, String), LoadError> {
+        if Engine::detect_precompiled(bytes).is_some() {
+            return Err(LoadError::Precompiled {
+                path: display.to_string(),
+            });
+        }
+        let sha256 = hex::encode(Sha256::digest(bytes));
+        if let Some(component) = self
+            .cache
+            .as_ref()
+            .and_then(|c| c.get(&self.engine, &sha256))
+        {
+            return Ok((component, sha256));
+        }
+        let component = Component::new(&self.engine, bytes).map_err(|e| LoadError::Compile {
+            path: display.to_string(),
+            message: format!("{e:#}"),
+        })?;
+        if let Some(cache) = &self.cache {
+            cache.put(&sha256, &component);
+        }
+        Ok((component, sha256))
+    }
+
+    /// Compiles, checks the contract and links a guest, ready to be called.
+    pub fn load(&self, name: &str, path: &Path, grants: Grants) -> Result<Guest, LoadError> {
+        let bytes = read_module(path)?;
+        self.load_bytes(name, &path.display().to_string(), &bytes, grants)
+    }
+
+    /// [`WasmEngine::load`] for bytes already read from `display`.
+    pub fn load_bytes(
+        &self,
+        name: &str,
+        display: &str,
+        bytes: &[u8],
+        grants: Grants,
+    ) -> Result<Guest, LoadError> {
+        let display = display.to_string();
+        let (component, sha256) = self.compile_bytes(&display, bytes)?;
+        let contract = ContractInfo::of(&self.engine, &component);
+        contract.check().map_err(|source| LoadError::Contract {
+            path: display.clone(),
+            source,
+        })?;
+        let link_err = |e: wasmtime::Error| LoadError::Link {
+            path: display.clone(),
+            message: format!("{e:#}"),
+        };
+        let pre = self.linker.instantiate_pre(&component).map_err(link_err)?;
+        let lifecycle = lifecycle::GuestIndices::new(&pre).map_err(link_err)?;
+        let qualifier = contract
+            .hooks
+            .contains(&Hook::Qualifier)
+            .then(|| qualifier::GuestIndices::new(&pre))
+            .transpose()
+            .map_err(link_err)?;
+        let deletion_guard = contract
+            .hooks
+            .contains(&Hook::DeletionGuard)
+            .then(|| deletion_guard::GuestIndices::new(&pre))
+            .transpose()
+            .map_err(link_err)?;
+        let block_support = contract
+            .hooks
+            .contains(&Hook::BlockSupport)
+            .then(|| block_support::GuestIndices::new(&pre))
+            .transpose()
+            .map_err(link_err)?;
+        Ok(Guest {
+            name: name.into(),
+            pool_slots: self.pool_slots.clone(),
+            semaphore: Arc::new(Semaphore::new(grants.max_concurrency)),
+            grants: Arc::new(grants),
+            sha256: sha256.into(),
+            contract: Arc::new(contract),
+            pre,
+            lifecycle,
+            qualifier,
+            deletion_guard,
+            block_support,
+            metrics: self.metrics.clone(),
+            executor: self.executor.clone(),
+        })
+    }
+}
+
+fn read_module(path: &Path) -> Result<Vec<u8>, LoadError> {
+    std::fs::read(path).map_err(|source| LoadError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// The hooks a guest implements, for display.
+pub fn hook_names(hooks: &BTreeSet<Hook>) -> Vec<&'static str> {
+    hooks.iter().map(|h| h.as_str()).collect()
+}

@@ -1,0 +1,143 @@
+//! The host's errors at the wasm boundary: loading a module, and a call that did not give a
+//! result (the guest's typed error, a volume the host refused, or a fault of a kind).
+
+use super::bindings::types::ProvisionError;
+use super::cache::CacheError;
+use super::contract::ContractError;
+
+/// Why a module could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The module file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A precompiled artifact was offered; loading one would run unverified native code.
+    #[error("{path} is a precompiled wasmtime artifact; only .wasm components are accepted")]
+    Precompiled {
+        /// The module file.
+        path: String,
+    },
+    /// Not a valid component, or compilation failed.
+    #[error("{path} does not compile as a WebAssembly component: {message}")]
+    Compile {
+        /// The module file.
+        path: String,
+        /// wasmtime's message.
+        message: String,
+    },
+    /// The component does not implement a contract version this host serves.
+    #[error("{path}: {source}")]
+    Contract {
+        /// The module file.
+        path: String,
+        /// What is wrong with its contract.
+        #[source]
+        source: ContractError,
+    },
+    /// Imports this host does not provide (for example networking).
+    #[error("{path} cannot be linked: {message}")]
+    Link {
+        /// The module file.
+        path: String,
+        /// wasmtime's message.
+        message: String,
+    },
+    /// The engine could not be created.
+    #[error("cannot create the wasm engine: {0}")]
+    Engine(String),
+    /// The module cache directory cannot be used.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+}
+
+/// A fault: the guest did not return normally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The call ran past its deadline.
+    Deadline,
+    /// The guest tried to grow memory past its cap.
+    Memory,
+    /// The guest panicked.
+    Panic,
+    /// The guest overflowed its stack.
+    StackOverflow,
+    /// Any other trap (`unreachable`, bad memory access, ...).
+    Trap,
+    /// The guest tried to hold more descriptors open than its grant allows.
+    Descriptors,
+    /// The host refused something the guest did (too many specs, bad resource handle, ...).
+    Host,
+}
+
+impl FaultKind {
+    /// Short name used in events, logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultKind::Deadline => "deadline",
+            FaultKind::Memory => "memory",
+            FaultKind::Panic => "panic",
+            FaultKind::StackOverflow => "stack-overflow",
+            FaultKind::Trap => "trap",
+            FaultKind::Descriptors => "descriptors",
+            FaultKind::Host => "host",
+        }
+    }
+}
+
+/// Why a call into a guest did not produce a result.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The guest returned one of the contract's typed errors.
+    #[error("guest {guest} returned {}", describe_guest_error(.error))]
+    Guest {
+        /// The guest's name.
+        guest: String,
+        /// The typed error.
+        error: ProvisionError,
+    },
+    /// The guest returned a volume that breaks its grants or Kubernetes' rules.
+    #[error("guest {guest} returned a volume the host refused: {message}")]
+    Rejected {
+        /// The guest's name.
+        guest: String,
+        /// Why.
+        message: String,
+    },
+    /// The guest trapped, ran out of time or memory.
+    #[error("guest {guest} failed ({}): {message}", .kind.as_str())]
+    Fault {
+        /// The guest's name.
+        guest: String,
+        /// What kind of fault.
+        kind: FaultKind,
+        /// Details, including captured stderr when there is any.
+        message: String,
+    },
+}
+
+pub(super) fn describe_guest_error(error: &ProvisionError) -> String {
+    match error {
+        ProvisionError::Final(m) => format!("a final error: {m}"),
+        ProvisionError::Transient(m) => format!("a transient error: {m}"),
+        ProvisionError::Ignored(m) => format!("ignored: {m}"),
+        ProvisionError::Reschedule(m) => format!("reschedule: {m}"),
+        ProvisionError::InBackground(m) => format!("in background: {m}"),
+    }
+}
+
+/// The metric label of a typed guest error.
+pub(super) fn error_label(error: &ProvisionError) -> &'static str {
+    match error {
+        ProvisionError::Final(_) => "final",
+        ProvisionError::Transient(_) => "transient",
+        ProvisionError::Ignored(_) => "ignored",
+        ProvisionError::Reschedule(_) => "reschedule",
+        ProvisionError::InBackground(_) => "in-background",
+    }
+}

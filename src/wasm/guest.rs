@@ -1,0 +1,589 @@
+//! A loaded guest and the one call path every export takes.
+//!
+//! ```text
+//! provision / delete / should-provision / should-delete / supports-block
+//!   ─▶ dispatch (guest threads) ─▶ Guest::call::<Export>
+//!        slot (guest, pool) ─▶ fresh Store: grants, limiter, fs guard, fuel, epoch deadline
+//!        ─▶ timeout( instantiate ─▶ Export::invoke ) ─▶ finish: log output, classify, metrics
+//! provision only ─▶ the spec against the grants, the selected node, and the path on disk
+//! ```
+//!
+//! Each call gets its own `Store` with the guest's grants (preopens only, no network, no
+//! environment), a memory cap, an epoch deadline measured against the wall clock, and an async
+//! timeout around the whole call so time spent in host functions counts too. A trap is a
+//! [`CallError::Fault`], distinct from the typed errors the guest returns on purpose.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use wasmtime::component::{Instance, InstancePre};
+use wasmtime::{Store, Trap, UpdateDeadline};
+use wasmtime_wasi::{FsPerms, WasiCtx};
+
+use super::bindings::types::{
+    Claim, DeleteRequest, ProvisionError, ProvisionRequest, StorageClass, Volume,
+};
+use super::bindings::{block_support, deletion_guard, lifecycle, qualifier};
+use super::contract::ContractInfo;
+use super::errors::{CallError, FaultKind, error_label};
+use super::executor::GuestExecutor;
+use super::grants::{DirAccess, Grants};
+use super::host::GuestState;
+use super::output::BoundedOutput;
+use super::sandbox_fs::DescriptorCapHit;
+use super::spec::BuiltVolume;
+use crate::metrics::Metrics;
+
+/// Extra time the async timeout allows over the epoch deadline before dropping the call.
+const ASYNC_TIMEOUT_MARGIN: Duration = Duration::from_millis(500);
+
+/// A compiled, linked guest with its grants. Cheap to clone; every call is independent.
+#[derive(Clone)]
+pub struct Guest {
+    pub(super) name: Arc<str>,
+    pub(super) grants: Arc<Grants>,
+    pub(super) sha256: Arc<str>,
+    pub(super) contract: Arc<ContractInfo>,
+    pub(super) semaphore: Arc<Semaphore>,
+    pub(super) pool_slots: Option<Arc<Semaphore>>,
+    pub(super) pre: InstancePre<GuestState>,
+    pub(super) lifecycle: lifecycle::GuestIndices,
+    pub(super) qualifier: Option<qualifier::GuestIndices>,
+    pub(super) deletion_guard: Option<deletion_guard::GuestIndices>,
+    pub(super) block_support: Option<block_support::GuestIndices>,
+    pub(super) metrics: Option<Metrics>,
+    pub(super) executor: Option<GuestExecutor>,
+}
+
+/// Captured guest output of one call.
+struct Output {
+    stdout: BoundedOutput,
+    stderr: BoundedOutput,
+}
+
+/// One guest export, called the one way every export is called ([`Guest::call`]).
+trait Export: Send {
+    /// What the export returns when the guest did not fault.
+    type Output: CallOutcome + Send;
+    /// The operation's name in logs, events and metrics.
+    const OPERATION: &'static str;
+    /// Calls the export on a fresh instance.
+    fn invoke(
+        self,
+        guest: &Guest,
+        store: &mut Store<GuestState>,
+        instance: &Instance,
+    ) -> impl Future<Output = wasmtime::Result<Self::Output>> + Send;
+}
+
+struct Provision<'r>(&'r ProvisionRequest);
+struct Delete<'r>(&'r DeleteRequest);
+struct ShouldProvision<'r> {
+    indices: &'r qualifier::GuestIndices,
+    claim: &'r Claim,
+    class: &'r StorageClass,
+}
+struct ShouldDelete<'r> {
+    indices: &'r deletion_guard::GuestIndices,
+    volume: &'r Volume,
+}
+struct SupportsBlock<'r>(&'r block_support::GuestIndices);
+
+impl Export for Provision<'_> {
+    type Output = Result<super::spec::VolumeSpecBuilder, ProvisionError>;
+    const OPERATION: &'static str = "provision";
+    async fn invoke(
+        self,
+        guest: &Guest,
+        store: &mut Store<GuestState>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Self::Output> {
+        let exports = guest.lifecycle.load(&mut *store, instance)?;
+        match exports.call_provision(&mut *store, self.0).await? {
+            Ok(spec) => Ok(Ok(store.data_mut().take_spec(spec)?)),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+}
+
+impl Export for Delete<'_> {
+    type Output = Result<(), ProvisionError>;
+    const OPERATION: &'static str = "delete";
+    async fn invoke(
+        self,
+        guest: &Guest,
+        store: &mut Store<GuestState>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Self::Output> {
+        let exports = guest.lifecycle.load(&mut *store, instance)?;
+        exports.call_delete(&mut *store, self.0).await
+    }
+}
+
+impl Export for ShouldProvision<'_> {
+    type Output = bool;
+    const OPERATION: &'static str = "should-provision";
+    async fn invoke(
+        self,
+        _guest: &Guest,
+        store: &mut Store<GuestState>,
+        instance: &Instance,
+    ) -> wasmtime::Result<bool> {
+        let exports = self.indices.load(&mut *store, instance)?;
+        exports
+            .call_should_provision(&mut *store, self.claim, self.class)
+            .await
+    }
+}
+
+impl Export for ShouldDelete<'_> {
+    type Output = bool;
+    const OPERATION: &'static str = "should-delete";
+    async fn invoke(
+        self,
+        _guest: &Guest,
+        store: &mut Store<GuestState>,
+        instance: &Instance,
+    ) -> wasmtime::Result<bool> {
+        let exports = self.indices.load(&mut *store, instance)?;
+        exports.call_should_delete(&mut *store, self.volume).await
+    }
+}
+
+impl Export for SupportsBlock<'_> {
+    type Output = bool;
+    const OPERATION: &'static str = "supports-block";
+    async fn invoke(
+        self,
+        _guest: &Guest,
+        store: &mut Store<GuestState>,
+        instance: &Instance,
+    ) -> wasmtime::Result<bool> {
+        let exports = self.0.load(&mut *store, instance)?;
+        exports.call_supports_block(&mut *store).await
+    }
+}
+
+impl Guest {
+    /// The guest's name (its file stem).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its grants.
+    pub fn grants(&self) -> &Grants {
+        &self.grants
+    }
+
+    /// The SHA-256 of its `.wasm`.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    /// What it implements.
+    pub fn contract(&self) -> &ContractInfo {
+        &self.contract
+    }
+
+    /// Whether every concurrency slot is taken: a caller that should not wait in line (a
+    /// reconcile worker shared with other guests) can come back later instead.
+    pub fn at_capacity(&self) -> bool {
+        self.semaphore.available_permits() == 0
+    }
+
+    /// Calls `provision` and validates the returned volume: against the grants, against the
+    /// claim's selected node, and on disk (no symlink in its path), right before the caller
+    /// creates the PV.
+    pub async fn provision(&self, request: &ProvisionRequest) -> Result<BuiltVolume, CallError> {
+        let request = request.clone();
+        self.dispatch(|guest| async move {
+            let result = guest.call(Provision(&request)).await?;
+            let spec = result.map_err(|error| CallError::Guest {
+                guest: guest.name.to_string(),
+                error,
+            })?;
+            guest.validate(spec, request.selected_node.as_deref()).await
+        })
+        .await
+    }
+
+    /// Calls `delete`.
+    pub async fn delete(&self, request: &DeleteRequest) -> Result<(), CallError> {
+        let request = request.clone();
+        self.dispatch(|guest| async move {
+            guest
+                .call(Delete(&request))
+                .await?
+                .map_err(|error| CallError::Guest {
+                    guest: guest.name.to_string(),
+                    error,
+                })
+        })
+        .await
+    }
+
+    /// The `qualifier` hook; `true` when the guest does not implement it.
+    pub async fn should_provision(
+        &self,
+        claim: &Claim,
+        class: &StorageClass,
+    ) -> Result<bool, CallError> {
+        if self.qualifier.is_none() {
+            return Ok(true);
+        }
+        let (claim, class) = (claim.clone(), class.clone());
+        self.dispatch(|guest| async move {
+            let Some(indices) = &guest.qualifier else {
+                return Ok(true);
+            };
+            let export = ShouldProvision {
+                indices,
+                claim: &claim,
+                class: &class,
+            };
+            guest.call(export).await
+        })
+        .await
+    }
+
+    /// The `deletion-guard` hook; `true` when the guest does not implement it.
+    pub async fn should_delete(&self, volume: &Volume) -> Result<bool, CallError> {
+        if self.deletion_guard.is_none() {
+            return Ok(true);
+        }
+        let volume = volume.clone();
+        self.dispatch(|guest| async move {
+            let Some(indices) = &guest.deletion_guard else {
+                return Ok(true);
+            };
+            guest
+                .call(ShouldDelete {
+                    indices,
+                    volume: &volume,
+                })
+                .await
+        })
+        .await
+    }
+
+    /// The `block-support` hook; `false` when the guest does not implement it.
+    pub async fn supports_block(&self) -> Result<bool, CallError> {
+        if self.block_support.is_none() {
+            return Ok(false);
+        }
+        self.dispatch(|guest| async move {
+            let Some(indices) = &guest.block_support else {
+                return Ok(false);
+            };
+            guest.call(SupportsBlock(indices)).await
+        })
+        .await
+    }
+
+    /// The checks a returned volume passes before it may become a PV.
+    async fn validate(
+        &self,
+        spec: super::spec::VolumeSpecBuilder,
+        selected_node: Option<&str>,
+    ) -> Result<BuiltVolume, CallError> {
+        let rejected = |message: String| CallError::Rejected {
+            guest: self.name.to_string(),
+            message,
+        };
+        let built = spec
+            .finish(&self.grants)
+            .map_err(|e| rejected(super::describe_spec_error(&e)))?;
+        super::spec::check_selected_node(&built, selected_node)
+            .map_err(|e| rejected(super::describe_spec_error(&e)))?;
+        // On disk, off the async threads: the walk opens one component at a time.
+        let (grants, source) = (self.grants.clone(), built.source.clone());
+        tokio::task::spawn_blocking(move || super::nodepath::check_source(&grants, &source))
+            .await
+            .map_err(|e| rejected(format!("the path check did not finish: {e}")))?
+            .map_err(|e| rejected(e.to_string()))?;
+        Ok(built)
+    }
+
+    /// The one call path: waits for a slot, runs `export` on a fresh instance within the
+    /// deadline, then logs, classifies and counts the outcome.
+    async fn call<E: Export>(&self, export: E) -> Result<E::Output, CallError> {
+        let mut scope = self.begin().await?;
+        let store = &mut scope.store;
+        let outcome = tokio::time::timeout(scope.timeout + ASYNC_TIMEOUT_MARGIN, async {
+            let instance = self.pre.instantiate_async(&mut *store).await?;
+            export.invoke(self, &mut *store, &instance).await
+        })
+        .await;
+        scope.finish(E::OPERATION, outcome)
+    }
+
+    fn new_store(&self, deadline: Instant) -> Result<(Store<GuestState>, Output), CallError> {
+        let stdout = BoundedOutput::new(self.grants.output_bytes);
+        let stderr = BoundedOutput::new(self.grants.output_bytes);
+        let mut wasi = WasiCtx::builder();
+        wasi.stdout(stdout.clone()).stderr(stderr.clone());
+        for dir in &self.grants.dirs {
+            let perms = match dir.access {
+                DirAccess::ReadOnly => FsPerms::ReadOnly,
+                DirAccess::ReadWrite => FsPerms::ReadWrite,
+            };
+            wasi.preopened_dir(&dir.host, &dir.guest, perms)
+                .map_err(|e| {
+                    self.fault(
+                        FaultKind::Host,
+                        format!("cannot open granted directory {}: {e}", dir.host.display()),
+                    )
+                })?;
+        }
+        let state = GuestState::new(self.name.clone(), self.grants.clone(), wasi.build());
+        let mut store = Store::new(self.pre.engine(), state);
+        store.limiter(|s| &mut s.limiter);
+        // What one host call may carry from the guest (strings, lists): never more than the
+        // guest's own memory could hold.
+        store.set_hostcall_fuel(self.grants.memory_bytes);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            // Compare with the wall clock rather than counting ticks, so a burst of late
+            // ticks on a loaded machine cannot end a call early.
+            if Instant::now() >= deadline {
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+        Ok((store, Output { stdout, stderr }))
+    }
+
+    fn fault(&self, kind: FaultKind, message: String) -> CallError {
+        CallError::Fault {
+            guest: self.name.to_string(),
+            kind,
+            message,
+        }
+    }
+
+    /// Waits for a concurrency slot and prepares a fresh store under the guest's limits.
+    async fn begin(&self) -> Result<CallScope<'_>, CallError> {
+        let permit = self
+            .semaphore
+            .acquire()
+            .await
+            .expect("guest semaphore is never closed");
+        let pool_slot = match &self.pool_slots {
+            Some(slots) => Some(
+                slots
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("pool semaphore is never closed"),
+            ),
+            None => None,
+        };
+        let timeout = self.grants.call_timeout;
+        let (store, output) = self.new_store(Instant::now() + timeout)?;
+        Ok(CallScope {
+            guest: self,
+            started: Instant::now(),
+            _permit: permit,
+            _pool_slot: pool_slot,
+            store,
+            output,
+            timeout,
+        })
+    }
+
+    fn classify(
+        &self,
+        operation: &str,
+        error: wasmtime::Error,
+        store: &Store<GuestState>,
+        output: &Output,
+        timeout: Duration,
+    ) -> CallError {
+        let stderr = output.stderr.contents().text;
+        let trap = error.downcast_ref::<Trap>().copied();
+        let state = store.data();
+        let limiter = &state.limiter;
+        let kind = if trap == Some(Trap::Interrupt) {
+            FaultKind::Deadline
+        } else if limiter.memory_hit || limiter.table_hit {
+            FaultKind::Memory
+        } else if state.fs_guard.descriptors_hit
+            || error.downcast_ref::<DescriptorCapHit>().is_some()
+        {
+            FaultKind::Descriptors
+        } else if stderr.contains("panicked at") {
+            FaultKind::Panic
+        } else if trap == Some(Trap::StackOverflow) {
+            FaultKind::StackOverflow
+        } else if trap.is_some() {
+            FaultKind::Trap
+        } else {
+            FaultKind::Host
+        };
+        let mut message = match kind {
+            FaultKind::Deadline => format!("{operation} exceeded its deadline of {timeout:?}"),
+            FaultKind::Memory if limiter.table_hit && !limiter.memory_hit => format!(
+                "{operation} exceeded its table cap of {} elements",
+                self.grants.table_elements
+            ),
+            FaultKind::Memory => format!(
+                "{operation} exceeded its memory cap of {} MiB (all memories and tables together)",
+                self.grants.memory_bytes / (1024 * 1024)
+            ),
+            FaultKind::Descriptors => format!(
+                "{operation} tried to hold more than {} open descriptors (limits.descriptors)",
+                state.fs_guard.max_descriptors()
+            ),
+            // The trap (or the host's refusal) says what happened; the wasm backtrace is for
+            // the debug log, not for a Kubernetes event.
+            _ => {
+                tracing::debug!(guest = %self.name, operation, error = %format!("{error:?}"), "guest fault");
+                match trap {
+                    Some(trap) => format!("{operation}: {trap}"),
+                    None => format!("{operation}: {}", error.root_cause()),
+                }
+            }
+        };
+        let stderr = stderr.trim();
+        if !stderr.is_empty() {
+            let tail: String = stderr
+                .chars()
+                .rev()
+                .take(1024)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            message.push_str(&format!("; stderr: {tail}"));
+        }
+        self.fault(kind, message)
+    }
+
+    fn log_output(&self, operation: &str, output: &Output, store: &Store<GuestState>) {
+        for (stream, pipe) in [("stdout", &output.stdout), ("stderr", &output.stderr)] {
+            let contents = pipe.contents();
+            for line in contents.text.lines().take(200) {
+                tracing::info!(target: "guest", guest = %self.name, operation, stream, "{line}");
+            }
+            if contents.dropped > 0 {
+                tracing::warn!(guest = %self.name, operation, stream, dropped_bytes = contents.dropped, kept_bytes = self.grants.output_bytes, "guest output over its bound; the middle was dropped");
+            }
+        }
+        let state = store.data();
+        if state.logs_dropped > 0 {
+            tracing::warn!(guest = %self.name, operation, dropped_messages = state.logs_dropped, budget_bytes = self.grants.log_bytes, "guest log messages over the per-call budget were dropped");
+        }
+        if state.fs_guard.refused > 0 {
+            tracing::warn!(guest = %self.name, operation, refused = state.fs_guard.refused, "filesystem calls refused by the sandbox (symlinks, links or renames of links, FIFOs, sockets, devices)");
+        }
+    }
+
+    /// Runs a call on the guest executor when there is one, else right here.
+    async fn dispatch<R, F>(&self, call: impl FnOnce(Guest) -> F) -> Result<R, CallError>
+    where
+        F: std::future::Future<Output = Result<R, CallError>> + Send + 'static,
+        R: Send + 'static,
+    {
+        let Some(executor) = &self.executor else {
+            return call(self.clone()).await;
+        };
+        match executor.run(call(self.clone())).await {
+            Ok(result) => result,
+            Err(error) => Err(self.fault(
+                FaultKind::Host,
+                format!("the call ended without a result: {error}"),
+            )),
+        }
+    }
+}
+
+/// One call in progress: the concurrency slot, the fresh store and its captured output.
+struct CallScope<'g> {
+    guest: &'g Guest,
+    started: Instant,
+    _permit: tokio::sync::SemaphorePermit<'g>,
+    _pool_slot: Option<OwnedSemaphorePermit>,
+    store: Store<GuestState>,
+    output: Output,
+    timeout: Duration,
+}
+
+impl CallScope<'_> {
+    /// Logs the guest's output, turns the outcome into a result (classifying faults) and
+    /// records the call in the guest metrics: the one place every guest call passes.
+    fn finish<R: CallOutcome>(
+        self,
+        operation: &'static str,
+        outcome: Result<wasmtime::Result<R>, tokio::time::error::Elapsed>,
+    ) -> Result<R, CallError> {
+        let guest = self.guest;
+        guest.log_output(operation, &self.output, &self.store);
+        let result = self.classify_outcome(operation, outcome);
+        if let Some(metrics) = &guest.metrics {
+            let (label, fault) = match &result {
+                Ok(value) => (value.label(), false),
+                Err(CallError::Fault { kind, .. }) => (kind.as_str(), true),
+                Err(CallError::Rejected { .. }) => ("rejected", false),
+                Err(CallError::Guest { error, .. }) => (error_label(error), false),
+            };
+            metrics.guest_call(
+                guest.name(),
+                operation,
+                label,
+                fault,
+                self.started.elapsed(),
+            );
+        }
+        result
+    }
+
+    fn classify_outcome<R>(
+        &self,
+        operation: &'static str,
+        outcome: Result<wasmtime::Result<R>, tokio::time::error::Elapsed>,
+    ) -> Result<R, CallError> {
+        let guest = self.guest;
+        match outcome {
+            Err(_) => Err(guest.fault(
+                FaultKind::Deadline,
+                format!(
+                    "{operation} did not finish within {:?} (blocked in a host call)",
+                    self.timeout
+                ),
+            )),
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => {
+                Err(guest.classify(operation, error, &self.store, &self.output, self.timeout))
+            }
+        }
+    }
+}
+
+/// What a returned value says about the call, for the `outcome` metric label.
+trait CallOutcome {
+    fn label(&self) -> &'static str;
+}
+
+impl CallOutcome for bool {
+    fn label(&self) -> &'static str {
+        "ok"
+    }
+}
+
+impl CallOutcome for () {
+    fn label(&self) -> &'static str {
+        "ok"
+    }
+}
+
+impl<T> CallOutcome for Result<T, ProvisionError> {
+    fn label(&self) -> &'static str {
+        match self {
+            Ok(_) => "ok",
+            Err(error) => error_label(error),
+        }
+    }
+}

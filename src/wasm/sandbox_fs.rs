@@ -1,0 +1,537 @@
+//! The guest's `wasi:filesystem/types`: wasmtime-wasi's implementation behind a guard.
+//!
+//! Linked over wasmtime-wasi's own definition (see [`add_to_linker`]); every function delegates
+//! to it except where the guard has something to say:
+//!
+//! ```text
+//! symlink-at ─────────────────────────────▶ refused (not-permitted)
+//! rename-at / link-at ─ source a link? ───▶ refused; destination a link afterwards? removed, refused
+//! open-at ─ descriptors at the call's cap? ▶ trap: fault kind `descriptors`
+//!         ─ openat(O_NONBLOCK|O_NOFOLLOW beneath the directory), fstat
+//!             ─ FIFO, socket, device ─────▶ closed, refused (never blocks a thread)
+//!             ─ file or directory ────────▶ O_NONBLOCK cleared, counted until dropped
+//! ```
+//!
+//! Why: the kubelet follows symlinks in a PV's path, and tenants' pods write into volume
+//! directories that lie inside a guest's preopen. A guest must not be able to turn a path it
+//! served into a link later, and a FIFO a pod planted must not hang a host thread in `open(2)`
+//! (see `docs/threat-model.md`).
+
+use std::collections::HashSet;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use rustix::fs::{FileType, Mode, OFlags};
+use wasmtime::component::{HasData, Linker, Resource};
+use wasmtime_wasi::OpenMode;
+use wasmtime_wasi::filesystem::{Descriptor, Dir, File, WasiFilesystemCtxView};
+use wasmtime_wasi::p2::bindings::filesystem::types::{
+    self, DescriptorFlags, DescriptorType, ErrorCode, HostDescriptor, HostDirectoryEntryStream,
+    OpenFlags, PathFlags,
+};
+use wasmtime_wasi::p2::{DynInputStream, DynOutputStream};
+use wasmtime_wasi::p2::{FsError, FsResult};
+
+use super::host::GuestState;
+
+/// Per-call state of the guard: the descriptors the guest opened and its cap on them.
+#[derive(Debug)]
+pub struct FsGuard {
+    max_descriptors: usize,
+    /// Resource handles of the descriptors `open-at` created and the guest has not dropped.
+    open: HashSet<u32>,
+    /// Set when the guest tried to open more than `max_descriptors`.
+    pub descriptors_hit: bool,
+    /// Filesystem calls refused by the guard (links, special files), for the debug log.
+    pub refused: u32,
+}
+
+impl FsGuard {
+    /// A guard that lets one call hold at most `max_descriptors` open descriptors.
+    pub fn new(max_descriptors: usize) -> FsGuard {
+        FsGuard {
+            max_descriptors,
+            open: HashSet::new(),
+            descriptors_hit: false,
+            refused: 0,
+        }
+    }
+
+    /// Descriptors the guest holds right now (not counting its preopened directories).
+    pub fn open_descriptors(&self) -> usize {
+        self.open.len()
+    }
+
+    /// The cap on them.
+    pub fn max_descriptors(&self) -> usize {
+        self.max_descriptors
+    }
+}
+
+/// The trap raised when a call reaches its descriptor cap; [`super::runtime`] reports it as
+/// the fault kind `descriptors`.
+#[derive(Debug, thiserror::Error)]
+#[error("the guest tried to hold more than {0} open descriptors in one call")]
+pub struct DescriptorCapHit(pub usize);
+
+/// wasmtime-wasi's filesystem view plus the guard.
+pub struct SandboxFsView<'a> {
+    inner: WasiFilesystemCtxView<'a>,
+    guard: &'a mut FsGuard,
+}
+
+impl<'a> SandboxFsView<'a> {
+    /// The view over one store's WASI filesystem state and its guard.
+    pub fn new(inner: WasiFilesystemCtxView<'a>, guard: &'a mut FsGuard) -> Self {
+        SandboxFsView { inner, guard }
+    }
+
+    fn refuse<T>(&mut self) -> FsResult<T> {
+        self.guard.refused += 1;
+        Err(ErrorCode::NotPermitted.into())
+    }
+
+    /// Whether `path` under the directory `fd` is itself a symlink (not following it).
+    async fn is_symlink(&mut self, fd: &Resource<Descriptor>, path: &str) -> FsResult<bool> {
+        let stat = HostDescriptor::stat_at(
+            &mut self.inner,
+            borrow(fd),
+            PathFlags::empty(),
+            path.to_owned(),
+        )
+        .await?;
+        Ok(stat.type_ == DescriptorType::SymbolicLink)
+    }
+
+    /// After a rename or link: if the destination turned out to be a symlink (the source was
+    /// swapped for one between our check and the call), remove it and refuse.
+    async fn undo_if_symlink(&mut self, fd: &Resource<Descriptor>, path: &str) -> FsResult<()> {
+        match self.is_symlink(fd, path).await {
+            Ok(false) => Ok(()),
+            Ok(true) => {
+                HostDescriptor::unlink_file_at(&mut self.inner, borrow(fd), path.to_owned())
+                    .await?;
+                self.refuse()
+            }
+            // Gone again already (a racing pod): nothing of ours is a link there.
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+/// A borrowed handle to the same resource, for delegating without giving up ours.
+fn borrow<T: 'static>(resource: &Resource<T>) -> Resource<T> {
+    Resource::new_borrow(resource.rep())
+}
+
+/// [`HasData`] for the guarded filesystem.
+pub struct SandboxFs;
+
+impl HasData for SandboxFs {
+    type Data<'a> = SandboxFsView<'a>;
+}
+
+/// Links `wasi:filesystem/types` through the guard, over the definition that
+/// `wasmtime_wasi::p2::add_to_linker_async` put there (call that first).
+pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    let result = types::add_to_linker::<GuestState, SandboxFs>(linker, GuestState::sandbox_fs);
+    linker.allow_shadowing(false);
+    result
+}
+
+impl types::Host for SandboxFsView<'_> {
+    fn convert_error_code(&mut self, err: FsError) -> wasmtime::Result<ErrorCode> {
+        types::Host::convert_error_code(&mut self.inner, err)
+    }
+
+    fn filesystem_error_code(
+        &mut self,
+        err: Resource<wasmtime::Error>,
+    ) -> wasmtime::Result<Option<ErrorCode>> {
+        types::Host::filesystem_error_code(&mut self.inner, err)
+    }
+}
+
+/// What [`open_beneath`] opened.
+enum Opened {
+    Dir(std::fs::File),
+    File(std::fs::File),
+}
+
+/// Opens `path` beneath the directory `dir` without blocking: `O_NONBLOCK` so a FIFO cannot
+/// hold the thread, then anything that is neither a regular file nor a directory is closed
+/// and refused. Escapes (`..` above `dir`, absolute paths or links) fail as cap-std's do.
+fn open_beneath(
+    dir: &std::fs::File,
+    path: &str,
+    flags: OFlags,
+    want_dir: bool,
+) -> Result<Opened, ErrorCode> {
+    use rustix::fs::ResolveFlags;
+    // openat2 refuses a mode without O_CREAT (EINVAL), unlike openat.
+    let mode = if flags.contains(OFlags::CREATE) {
+        Mode::from_raw_mode(0o666)
+    } else {
+        Mode::empty()
+    };
+    let flags = flags | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
+    let fd: OwnedFd = match rustix::fs::openat2(dir.as_fd(), path, flags, mode, resolve) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::XDEV) => return Err(ErrorCode::NotPermitted),
+        Err(rustix::io::Errno::NOSYS) => return Err(ErrorCode::Unsupported),
+        Err(errno) => return Err(std::io::Error::from(errno).into()),
+    };
+    let stat = rustix::fs::fstat(&fd).map_err(|e| ErrorCode::from(std::io::Error::from(e)))?;
+    match FileType::from_raw_mode(stat.st_mode) {
+        FileType::Directory => Ok(Opened::Dir(fd.into())),
+        _ if want_dir => Err(ErrorCode::NotDirectory),
+        FileType::RegularFile => {
+            // Regular files ignore O_NONBLOCK on local filesystems; clear it anyway so reads
+            // and writes behave as the guest expects on every filesystem.
+            let fl = rustix::fs::fcntl_getfl(&fd)
+                .map_err(|e| ErrorCode::from(std::io::Error::from(e)))?;
+            rustix::fs::fcntl_setfl(&fd, fl - OFlags::NONBLOCK)
+                .map_err(|e| ErrorCode::from(std::io::Error::from(e)))?;
+            Ok(Opened::File(fd.into()))
+        }
+        // FIFO, socket, character or block device: a host thread must never wait on one.
+        _ => Err(ErrorCode::Access),
+    }
+}
+
+impl HostDescriptor for SandboxFsView<'_> {
+    async fn advise(
+        &mut self,
+        fd: Resource<Descriptor>,
+        offset: types::Filesize,
+        len: types::Filesize,
+        advice: types::Advice,
+    ) -> FsResult<()> {
+        HostDescriptor::advise(&mut self.inner, fd, offset, len, advice).await
+    }
+
+    async fn sync_data(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
+        HostDescriptor::sync_data(&mut self.inner, fd).await
+    }
+
+    async fn get_flags(&mut self, fd: Resource<Descriptor>) -> FsResult<DescriptorFlags> {
+        HostDescriptor::get_flags(&mut self.inner, fd).await
+    }
+
+    async fn get_type(&mut self, fd: Resource<Descriptor>) -> FsResult<DescriptorType> {
+        HostDescriptor::get_type(&mut self.inner, fd).await
+    }
+
+    async fn set_size(&mut self, fd: Resource<Descriptor>, size: types::Filesize) -> FsResult<()> {
+        HostDescriptor::set_size(&mut self.inner, fd, size).await
+    }
+
+    async fn set_times(
+        &mut self,
+        fd: Resource<Descriptor>,
+        atim: types::NewTimestamp,
+        mtim: types::NewTimestamp,
+    ) -> FsResult<()> {
+        HostDescriptor::set_times(&mut self.inner, fd, atim, mtim).await
+    }
+
+    async fn read(
+        &mut self,
+        fd: Resource<Descriptor>,
+        len: types::Filesize,
+        offset: types::Filesize,
+    ) -> FsResult<(Vec<u8>, bool)> {
+        HostDescriptor::read(&mut self.inner, fd, len, offset).await
+    }
+
+    async fn write(
+        &mut self,
+        fd: Resource<Descriptor>,
+        buf: Vec<u8>,
+        offset: types::Filesize,
+    ) -> FsResult<types::Filesize> {
+        HostDescriptor::write(&mut self.inner, fd, buf, offset).await
+    }
+
+    async fn read_directory(
+        &mut self,
+        fd: Resource<Descriptor>,
+    ) -> FsResult<Resource<types::DirectoryEntryStream>> {
+        HostDescriptor::read_directory(&mut self.inner, fd).await
+    }
+
+    async fn sync(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
+        HostDescriptor::sync(&mut self.inner, fd).await
+    }
+
+    async fn create_directory_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path: String,
+    ) -> FsResult<()> {
+        HostDescriptor::create_directory_at(&mut self.inner, fd, path).await
+    }
+
+    async fn stat(&mut self, fd: Resource<Descriptor>) -> FsResult<types::DescriptorStat> {
+        HostDescriptor::stat(&mut self.inner, fd).await
+    }
+
+    async fn stat_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: PathFlags,
+        path: String,
+    ) -> FsResult<types::DescriptorStat> {
+        HostDescriptor::stat_at(&mut self.inner, fd, path_flags, path).await
+    }
+
+    async fn set_times_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: PathFlags,
+        path: String,
+        atim: types::NewTimestamp,
+        mtim: types::NewTimestamp,
+    ) -> FsResult<()> {
+        HostDescriptor::set_times_at(&mut self.inner, fd, path_flags, path, atim, mtim).await
+    }
+
+    async fn link_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        old_path_flags: PathFlags,
+        old_path: String,
+        new_descriptor: Resource<Descriptor>,
+        new_path: String,
+    ) -> FsResult<()> {
+        if old_path_flags.contains(PathFlags::SYMLINK_FOLLOW)
+            || self.is_symlink(&fd, &old_path).await?
+        {
+            return self.refuse();
+        }
+        HostDescriptor::link_at(
+            &mut self.inner,
+            fd,
+            old_path_flags,
+            old_path,
+            borrow(&new_descriptor),
+            new_path.clone(),
+        )
+        .await?;
+        self.undo_if_symlink(&new_descriptor, &new_path).await
+    }
+
+    async fn open_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: PathFlags,
+        path: String,
+        oflags: OpenFlags,
+        flags: DescriptorFlags,
+    ) -> FsResult<Resource<Descriptor>> {
+        if self.guard.open.len() >= self.guard.max_descriptors {
+            self.guard.descriptors_hit = true;
+            return Err(FsError::trap(DescriptorCapHit(self.guard.max_descriptors)));
+        }
+        let (dir, perms) = match self.inner.table.get(&fd)? {
+            Descriptor::Dir(dir) => (Arc::clone(&dir.dir), dir.perms),
+            Descriptor::File(_) => return Err(ErrorCode::NotDirectory.into()),
+        };
+        // The same flag rules as wasmtime-wasi's own open-at.
+        if flags.intersects(
+            DescriptorFlags::FILE_INTEGRITY_SYNC
+                | DescriptorFlags::DATA_INTEGRITY_SYNC
+                | DescriptorFlags::REQUESTED_WRITE_SYNC,
+        ) {
+            return Err(ErrorCode::Unsupported.into());
+        }
+        let want_dir = oflags.contains(OpenFlags::DIRECTORY);
+        if want_dir
+            && oflags.intersects(OpenFlags::CREATE | OpenFlags::EXCLUSIVE | OpenFlags::TRUNCATE)
+        {
+            return Err(ErrorCode::Invalid.into());
+        }
+        let mut os = OFlags::empty();
+        let mut mode = OpenMode::empty();
+        let create = oflags.contains(OpenFlags::CREATE);
+        if create {
+            os |= OFlags::CREATE;
+            if oflags.contains(OpenFlags::EXCLUSIVE) {
+                os |= OFlags::EXCL;
+            }
+            mode |= OpenMode::WRITE;
+        }
+        if oflags.contains(OpenFlags::TRUNCATE) {
+            os |= OFlags::TRUNC;
+            mode |= OpenMode::WRITE;
+        }
+        if flags.contains(DescriptorFlags::WRITE) {
+            mode |= OpenMode::WRITE;
+        }
+        if flags.contains(DescriptorFlags::READ) || !flags.contains(DescriptorFlags::WRITE) {
+            mode |= OpenMode::READ;
+        }
+        os |= match (
+            mode.contains(OpenMode::READ),
+            mode.contains(OpenMode::WRITE),
+        ) {
+            (true, true) => OFlags::RDWR,
+            (false, true) => OFlags::WRONLY,
+            _ => OFlags::RDONLY,
+        };
+        if want_dir {
+            os |= OFlags::DIRECTORY;
+        }
+        if !path_flags.contains(PathFlags::SYMLINK_FOLLOW) {
+            os |= OFlags::NOFOLLOW;
+        }
+        if perms.write_not_permitted() && mode.contains(OpenMode::WRITE) {
+            return Err(ErrorCode::NotPermitted.into());
+        }
+        let opened = tokio::task::spawn_blocking(move || open_beneath(&dir, &path, os, want_dir))
+            .await
+            .map_err(|e| FsError::trap(wasmtime::Error::msg(format!("open-at: {e}"))))?;
+        let descriptor = match opened {
+            Ok(Opened::Dir(file)) => Descriptor::Dir(Dir::new(file, perms, mode, false)),
+            Ok(Opened::File(file)) => Descriptor::File(File::new(file, perms, mode, false)),
+            Err(ErrorCode::Access) => return self.refuse(),
+            Err(code) => return Err(code.into()),
+        };
+        let handle = self.inner.table.push(descriptor)?;
+        self.guard.open.insert(handle.rep());
+        Ok(handle)
+    }
+
+    fn drop(&mut self, fd: Resource<Descriptor>) -> wasmtime::Result<()> {
+        self.guard.open.remove(&fd.rep());
+        HostDescriptor::drop(&mut self.inner, fd)
+    }
+
+    async fn readlink_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<String> {
+        HostDescriptor::readlink_at(&mut self.inner, fd, path).await
+    }
+
+    async fn remove_directory_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path: String,
+    ) -> FsResult<()> {
+        HostDescriptor::remove_directory_at(&mut self.inner, fd, path).await
+    }
+
+    async fn rename_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        old_path: String,
+        new_fd: Resource<Descriptor>,
+        new_path: String,
+    ) -> FsResult<()> {
+        if self.is_symlink(&fd, &old_path).await? {
+            return self.refuse();
+        }
+        HostDescriptor::rename_at(
+            &mut self.inner,
+            fd,
+            old_path,
+            borrow(&new_fd),
+            new_path.clone(),
+        )
+        .await?;
+        self.undo_if_symlink(&new_fd, &new_path).await
+    }
+
+    async fn symlink_at(
+        &mut self,
+        _fd: Resource<Descriptor>,
+        _src_path: String,
+        _dest_path: String,
+    ) -> FsResult<()> {
+        // The kubelet follows links in a PV's path: a guest may never create one.
+        self.refuse()
+    }
+
+    async fn unlink_file_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<()> {
+        HostDescriptor::unlink_file_at(&mut self.inner, fd, path).await
+    }
+
+    fn read_via_stream(
+        &mut self,
+        fd: Resource<Descriptor>,
+        offset: types::Filesize,
+    ) -> FsResult<Resource<DynInputStream>> {
+        HostDescriptor::read_via_stream(&mut self.inner, fd, offset)
+    }
+
+    fn write_via_stream(
+        &mut self,
+        fd: Resource<Descriptor>,
+        offset: types::Filesize,
+    ) -> FsResult<Resource<DynOutputStream>> {
+        HostDescriptor::write_via_stream(&mut self.inner, fd, offset)
+    }
+
+    fn append_via_stream(
+        &mut self,
+        fd: Resource<Descriptor>,
+    ) -> FsResult<Resource<DynOutputStream>> {
+        HostDescriptor::append_via_stream(&mut self.inner, fd)
+    }
+
+    async fn is_same_object(
+        &mut self,
+        a: Resource<Descriptor>,
+        b: Resource<Descriptor>,
+    ) -> wasmtime::Result<bool> {
+        HostDescriptor::is_same_object(&mut self.inner, a, b).await
+    }
+
+    async fn metadata_hash(
+        &mut self,
+        fd: Resource<Descriptor>,
+    ) -> FsResult<types::MetadataHashValue> {
+        HostDescriptor::metadata_hash(&mut self.inner, fd).await
+    }
+
+    async fn metadata_hash_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: PathFlags,
+        path: String,
+    ) -> FsResult<types::MetadataHashValue> {
+        HostDescriptor::metadata_hash_at(&mut self.inner, fd, path_flags, path).await
+    }
+}
+
+impl HostDirectoryEntryStream for SandboxFsView<'_> {
+    async fn read_directory_entry(
+        &mut self,
+        stream: Resource<types::DirectoryEntryStream>,
+    ) -> FsResult<Option<types::DirectoryEntry>> {
+        HostDirectoryEntryStream::read_directory_entry(&mut self.inner, stream).await
+    }
+
+    fn drop(&mut self, stream: Resource<types::DirectoryEntryStream>) -> wasmtime::Result<()> {
+        HostDirectoryEntryStream::drop(&mut self.inner, stream)
+    }
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (at start, before any guest runs), so the
+/// per-call descriptor caps, not the process' limit, are what guests meet. Returns the soft
+/// limit before and after.
+pub fn raise_nofile_limit() -> std::io::Result<(Option<u64>, Option<u64>)> {
+    use rustix::process::{Resource as Limit, getrlimit, setrlimit};
+    let before = getrlimit(Limit::Nofile);
+    let mut raised = before;
+    raised.current = match before.maximum {
+        Some(hard) => Some(hard),
+        // Unlimited hard limit: the kernel still caps at fs.nr_open (1 Mi by default).
+        None => Some(1 << 20),
+    };
+    if raised.current == before.current {
+        return Ok((before.current, before.current));
+    }
+    setrlimit(Limit::Nofile, raised)?;
+    Ok((before.current, raised.current))
+}
