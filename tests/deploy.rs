@@ -18,8 +18,8 @@ use wasm_provisioner::wasm::Grants;
 
 use common::repo;
 
-/// Flags `deploy/deployment.yaml` passes that come with the leader-election change, not yet in
-/// this binary. Remove them from here when they land (the test then checks them like the rest).
+/// Flags `deploy/` passes that a change under way adds to the binary, not in it yet. Remove them
+/// from here when they land (the test then checks them like the rest).
 const PENDING_FLAGS: &[&str] = &[];
 
 fn deploy() -> PathBuf {

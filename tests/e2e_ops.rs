@@ -706,7 +706,7 @@ fn main() -> std::process::ExitCode {
             "deploy_rbac_runs_the_cycle_with_health_metrics_and_logs",
             |cp| Box::pin(deploy_rbac_runs_the_cycle_with_health_metrics_and_logs(cp)),
         ),
-        // Waits for the leader-election change: the flags do not exist in this binary yet.
+        // Only meaningful when the binary elects leaders (`run --help` has the flags).
         Test::new("leader_election_hands_over_with_deploy_rbac", |cp| {
             Box::pin(leader_election_hands_over_with_deploy_rbac(cp))
         })
