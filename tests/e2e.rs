@@ -7,112 +7,63 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
-use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
-use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
 use serde_json::json;
-use wp_harness::{ControlPlane, Process, wait_for};
+use wp_harness::{ControlPlane, Process};
 
 use common::PluginsDir;
+use common::e2e::{Fixture, SELECTED_NODE, affinity, pv_name, uid};
 
-const WAIT: Duration = Duration::from_secs(60);
 const OUR_FINALIZER: &str = "wasm-provisioner.dev/provisioning";
 
-/// One test's world: namespace, provisioner name, storage, plugins, and the provisioner process.
+/// One test's world: the fixture, storage, plugins, and the provisioner process.
 struct World {
-    cp: Arc<ControlPlane>,
-    admin: Client,
-    name: String,
-    ns: String,
-    provisioner: String,
+    fx: Fixture,
     storage: tempfile::TempDir,
     plugins: PluginsDir,
     process: Option<Process>,
-    logs: PathBuf,
 }
+
+fixture_world!(World);
 
 impl World {
     /// A world whose guest is `crate_name` from `guests/`.
     async fn new(cp: Arc<ControlPlane>, name: &str, crate_name: &str) -> anyhow::Result<World> {
-        let admin = cp.admin_client().await?;
-        let ns = format!("e2e-{name}");
-        let namespaces: Api<Namespace> = Api::all(admin.clone());
-        namespaces
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-            )
-            .await
-            .with_context(|| format!("create namespace {ns}"))?;
-        let provisioner = format!("e2e.wasm-provisioner.dev/{name}");
+        let fx = Fixture::new(cp, "e2e", name).await?;
         let storage = tempfile::tempdir()?;
-        let plugins = PluginsDir::new();
-        let (guest_dir, extra) = match crate_name {
-            "hostpath" => ("/volumes", ""),
-            _ => ("/state", ""),
+        let guest_dir = if crate_name == "hostpath" {
+            "/volumes"
+        } else {
+            "/state"
         };
-        plugins.add(
-            crate_name,
-            crate_name,
-            &common::dir_grant(&provisioner, storage.path(), guest_dir, extra),
-        );
-        let logs = cp.run_dir().join(format!("provisioner-{name}"));
+        let plugins = common::dir_guest(crate_name, &fx.provisioner, storage.path(), guest_dir);
         Ok(World {
-            cp,
-            admin,
-            name: name.into(),
-            ns,
-            provisioner,
+            fx,
             storage,
             plugins,
             process: None,
-            logs,
         })
     }
 
     /// Starts `wasm-provisioner run` as the provisioner identity (or `kubeconfig`), fast retries.
     fn start_as(&mut self, kubeconfig: &Path, extra: &[&str]) -> anyhow::Result<()> {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
-        cmd.args(["run", "--plugins"])
-            .arg(self.plugins.path())
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args([
-                "--retry-interval-start",
-                "300ms",
-                "--retry-interval-max",
-                "2s",
-            ])
-            .args([
-                "--create-pv-retry-count",
-                "2",
-                "--create-pv-retry-interval",
-                "200ms",
-            ])
+        let mut cmd = self.provisioner_command(self.plugins.path(), kubeconfig);
+        cmd.args(["--create-pv-retry-count", "2"])
+            .args(["--create-pv-retry-interval", "200ms"])
             .args(["--instance-name", &self.name])
             // Election is on, as in production; each world has its own lease.
             .args(["--leader-election-namespace", "wasm-provisioner"])
-            .args([
-                "--leader-election-lease-name",
-                &format!("e2e-{}", self.name),
-            ])
-            .args(extra)
-            .env("RUST_LOG", "info,wasm_provisioner=debug");
-        let n = std::fs::read_dir(self.cp.run_dir())
-            .map(|d| d.count())
-            .unwrap_or(0);
-        self.process = Some(Process::spawn(
-            cmd,
-            self.logs.with_extension(format!("{n}.log")),
-        )?);
+            .args(["--leader-election-lease-name", &self.ns])
+            .args(extra);
+        self.process = Some(self.spawn("provisioner", cmd)?);
         Ok(())
     }
 
@@ -121,163 +72,33 @@ impl World {
         self.start_as(&kubeconfig, extra)
     }
 
-    fn log(&self) -> String {
-        self.process.as_ref().map(|p| p.log()).unwrap_or_default()
+    /// A started world whose scripted guest is at work on claim `data` (its storage created), and
+    /// will be for `delay_ms` more.
+    async fn guest_at_work(
+        cp: Arc<ControlPlane>,
+        name: &str,
+        delay_ms: u32,
+    ) -> anyhow::Result<(World, PersistentVolumeClaim)> {
+        World::guest_at_work_as(cp, name, delay_ms, &[]).await
     }
 
-    fn class_name(&self, suffix: &str) -> String {
-        format!("{}-{suffix}", self.name)
-    }
-
-    async fn create_class(
-        &self,
-        suffix: &str,
-        params: &[(&str, &str)],
-        reclaim: &str,
-    ) -> anyhow::Result<String> {
-        let name = self.class_name(suffix);
-        let params: BTreeMap<&str, &str> = params.iter().copied().collect();
-        let class: StorageClass = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "provisioner": self.provisioner,
-            "parameters": params,
-            "reclaimPolicy": reclaim,
-            "volumeBindingMode": "Immediate",
-        }))?;
-        Api::<StorageClass>::all(self.admin.clone())
-            .create(&PostParams::default(), &class)
+    /// [`World::guest_at_work`] with extra provisioner flags.
+    async fn guest_at_work_as(
+        cp: Arc<ControlPlane>,
+        name: &str,
+        delay_ms: u32,
+        extra: &[&str],
+    ) -> anyhow::Result<(World, PersistentVolumeClaim)> {
+        let mut w = World::new(cp, name, "scripted").await?;
+        w.start(extra)?;
+        let class = w
+            .class("slow")
+            .param("delayMs", &delay_ms.to_string())
+            .create()
             .await?;
-        Ok(name)
-    }
-
-    async fn create_wffc_class(
-        &self,
-        suffix: &str,
-        params: &[(&str, &str)],
-    ) -> anyhow::Result<String> {
-        let name = self.class_name(suffix);
-        let params: BTreeMap<&str, &str> = params.iter().copied().collect();
-        let class: StorageClass = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "provisioner": self.provisioner,
-            "parameters": params,
-            "volumeBindingMode": "WaitForFirstConsumer",
-        }))?;
-        Api::<StorageClass>::all(self.admin.clone())
-            .create(&PostParams::default(), &class)
-            .await?;
-        Ok(name)
-    }
-
-    async fn create_claim_json(
-        &self,
-        claim: serde_json::Value,
-    ) -> anyhow::Result<PersistentVolumeClaim> {
-        let claim: PersistentVolumeClaim = serde_json::from_value(claim)?;
-        Ok(self.claims().create(&PostParams::default(), &claim).await?)
-    }
-
-    /// Sets `volume.kubernetes.io/selected-node`, as the scheduler would.
-    async fn select_node(&self, claim: &str, node: &str) -> anyhow::Result<()> {
-        let patch =
-            json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": node}}});
-        self.claims()
-            .patch(
-                claim,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(&patch),
-            )
-            .await?;
-        Ok(())
-    }
-
-    async fn wait_pv(&self, name: &str) -> anyhow::Result<PersistentVolume> {
-        let pvs = self.pvs();
-        wait_for(&format!("PV {name}"), WAIT, || async {
-            Ok(pvs.get_opt(name).await?)
-        })
-        .await
-        .with_context(|| self.log())
-    }
-
-    async fn create_claim(&self, name: &str, class: &str) -> anyhow::Result<PersistentVolumeClaim> {
-        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": self.ns},
-            "spec": {
-                "storageClassName": class,
-                "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": "1Gi"}},
-            }
-        }))?;
-        Ok(self.claims().create(&PostParams::default(), &claim).await?)
-    }
-
-    fn claims(&self) -> Api<PersistentVolumeClaim> {
-        Api::namespaced(self.admin.clone(), &self.ns)
-    }
-
-    fn pvs(&self) -> Api<PersistentVolume> {
-        Api::all(self.admin.clone())
-    }
-
-    /// Waits until the claim is Bound and returns its PV.
-    async fn wait_bound(&self, claim: &str) -> anyhow::Result<PersistentVolume> {
-        let claims = self.claims();
-        let pvs = self.pvs();
-        let volume = wait_for(&format!("claim {claim} Bound"), WAIT, || async {
-            let c = claims.get(claim).await?;
-            let phase = c.status.as_ref().and_then(|s| s.phase.clone());
-            Ok((phase.as_deref() == Some("Bound"))
-                .then(|| c.spec.and_then(|s| s.volume_name))
-                .flatten())
-        })
-        .await
-        .with_context(|| self.log())?;
-        Ok(pvs.get(&volume).await?)
-    }
-
-    async fn wait_pv_gone(&self, pv: &str) -> anyhow::Result<()> {
-        let pvs = self.pvs();
-        wait_for(&format!("PV {pv} deleted"), WAIT, || async {
-            Ok(pvs.get_opt(pv).await?.is_none().then_some(()))
-        })
-        .await
-        .with_context(|| self.log())
-    }
-
-    async fn wait_claim_gone(&self, claim: &str) -> anyhow::Result<()> {
-        let claims = self.claims();
-        wait_for(&format!("claim {claim} deleted"), WAIT, || async {
-            Ok(claims.get_opt(claim).await?.is_none().then_some(()))
-        })
-        .await
-        .with_context(|| self.log())
-    }
-
-    /// (reason, message) of every event about the object with this UID.
-    async fn events(&self, uid: &str) -> anyhow::Result<Vec<(String, String)>> {
-        let events: Api<Event> = Api::all(self.admin.clone());
-        let list = events
-            .list(&ListParams::default().fields(&format!("involvedObject.uid={uid}")))
-            .await?;
-        Ok(list
-            .items
-            .into_iter()
-            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
-            .collect())
-    }
-
-    async fn wait_event(&self, uid: &str, reason: &str) -> anyhow::Result<String> {
-        wait_for(&format!("event {reason}"), WAIT, || async {
-            Ok(self
-                .events(uid)
-                .await?
-                .into_iter()
-                .find(|(r, _)| r == reason)
-                .map(|(_, m)| m))
-        })
-        .await
-        .with_context(|| self.log())
+        let claim = w.claim("data").class(&class).create().await?;
+        w.wait_guest_started(&pv_name(&claim)).await?;
+        Ok((w, claim))
     }
 
     /// Lines of the scripted guest's call log.
@@ -289,23 +110,43 @@ impl World {
             .collect()
     }
 
+    /// How many calls of `operation` (`provision`, `delete`) the scripted guest logged.
+    fn count_calls(&self, operation: &str) -> usize {
+        let prefix = format!("{operation} ");
+        self.calls()
+            .iter()
+            .filter(|l| l.starts_with(&prefix))
+            .count()
+    }
+
+    /// Sets `volume.kubernetes.io/selected-node`, as the scheduler would.
+    async fn select_node(&self, claim: &str, node: &str) -> anyhow::Result<()> {
+        let patch = json!({"metadata": {"annotations": {SELECTED_NODE: node}}});
+        self.claims()
+            .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
     fn storage_of(&self, pv_name: &str) -> PathBuf {
         self.storage.path().join(pv_name)
     }
-}
 
-fn uid(claim: &PersistentVolumeClaim) -> String {
-    claim.metadata.uid.clone().unwrap_or_default()
+    /// Waits until the scripted guest started provisioning `pv` (its `.started` marker).
+    async fn wait_guest_started(&self, pv: &str) -> anyhow::Result<()> {
+        let marker = self.storage.path().join(format!("{pv}.started"));
+        self.wait_file("guest started", &marker).await
+    }
 }
 
 async fn provision_binds_claim_with_the_right_fields(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
     let mut w = World::new(cp, "bind", "hostpath").await?;
     w.start(&[])?;
-    let class = w.create_class("fast", &[], "Delete").await?;
-    let claim = w.create_claim("data", &class).await?;
+    let class = w.class("fast").create().await?;
+    let claim = w.claim("data").class(&class).create().await?;
     let pv = w.wait_bound("data").await?;
     let spec = pv.spec.clone().unwrap();
-    let expected_name = format!("pvc-{}", uid(&claim));
+    let expected_name = pv_name(&claim);
     ensure!(pv.name_any() == expected_name, "PV name {}", pv.name_any());
     ensure!(pv.annotations().get("pv.kubernetes.io/provisioned-by") == Some(&w.provisioner));
     ensure!(spec.storage_class_name.as_deref() == Some(class.as_str()));
@@ -332,12 +173,7 @@ async fn provision_binds_claim_with_the_right_fields(cp: Arc<ControlPlane>) -> a
         "our finalizer is removed once the PV exists: {:?}",
         live.finalizers()
     );
-    let reasons: Vec<String> = w
-        .events(&uid(&claim))
-        .await?
-        .into_iter()
-        .map(|(r, _)| r)
-        .collect();
+    let reasons = w.reasons(&uid(&claim)).await?;
     ensure!(
         reasons.contains(&"Provisioning".into())
             && reasons.contains(&"ProvisioningSucceeded".into()),
@@ -349,8 +185,8 @@ async fn provision_binds_claim_with_the_right_fields(cp: Arc<ControlPlane>) -> a
 async fn deleting_the_claim_deletes_pv_and_storage(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
     let mut w = World::new(cp, "delete", "hostpath").await?;
     w.start(&[])?;
-    let class = w.create_class("fast", &[], "Delete").await?;
-    w.create_claim("data", &class).await?;
+    let class = w.class("fast").create().await?;
+    w.claim("data").class(&class).create().await?;
     let pv = w.wait_bound("data").await?;
     let dir = w.storage_of(&pv.name_any());
     ensure!(dir.is_dir());
@@ -363,19 +199,16 @@ async fn deleting_the_claim_deletes_pv_and_storage(cp: Arc<ControlPlane>) -> any
 async fn retain_keeps_the_released_pv_and_storage(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
     let mut w = World::new(cp, "retain", "hostpath").await?;
     w.start(&[])?;
-    let class = w.create_class("keep", &[], "Retain").await?;
-    w.create_claim("data", &class).await?;
-    let pv = w.wait_bound("data").await?;
+    let class = w.class("keep").reclaim("Retain").create().await?;
+    w.claim("data").class(&class).create().await?;
+    let name = w.wait_bound("data").await?.name_any();
     w.claims().delete("data", &DeleteParams::default()).await?;
-    let pvs = w.pvs();
-    let name = pv.name_any();
-    wait_for("PV Released", WAIT, || async {
-        let p = pvs.get(&name).await?;
-        Ok((p.status.and_then(|s| s.phase).as_deref() == Some("Released")).then_some(()))
-    })
-    .await?;
+    w.wait_pv_phase(&name, "Released").await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    ensure!(pvs.get_opt(&name).await?.is_some(), "Retain keeps the PV");
+    ensure!(
+        w.pvs().get_opt(&name).await?.is_some(),
+        "Retain keeps the PV"
+    );
     ensure!(w.storage_of(&name).is_dir(), "Retain keeps the storage");
     Ok(())
 }
@@ -385,25 +218,21 @@ async fn a_class_created_after_its_claim_is_provisioned_once(
 ) -> anyhow::Result<()> {
     let mut w = World::new(cp, "late-class", "scripted").await?;
     w.start(&[])?;
-    let class = w.class_name("late");
-    let claim = w.create_claim("data", &class).await?;
-    w.wait_event(&uid(&claim), "ProvisioningFailed")
+    let class = format!("{}-late", w.ns);
+    let claim = w.claim("data").class(&class).create().await?;
+    w.wait_event(&uid(&claim), "ProvisioningFailed", &[])
         .await
         .context("missing class is reported")?;
-    w.create_class("late", &[], "Delete").await?;
+    w.class("late").create().await?;
     let pv = w.wait_bound("data").await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let provisions = w
-        .calls()
-        .iter()
-        .filter(|l| l.starts_with("provision "))
-        .count();
+    let provisions = w.count_calls("provision");
     ensure!(
         provisions == 1,
         "guest called {provisions} times: {:?}",
         w.calls()
     );
-    ensure!(pv.name_any() == format!("pvc-{}", uid(&claim)));
+    ensure!(pv.name_any() == pv_name(&claim));
     Ok(())
 }
 
@@ -412,14 +241,12 @@ async fn final_failures_stop_at_the_threshold_even_across_resyncs(
 ) -> anyhow::Result<()> {
     let mut w = World::new(cp, "give-up", "scripted").await?;
     w.start(&["--failed-provision-threshold", "3", "--resync-period", "1s"])?;
-    let class = w
-        .create_class("broken", &[("fail", "final")], "Delete")
+    let class = w.class("broken").param("fail", "final").create().await?;
+    let claim = w.claim("data").class(&class).create().await?;
+    w.wait_event(&uid(&claim), "ProvisioningFailed", &["final error"])
         .await?;
-    let claim = w.create_claim("data", &class).await?;
-    let failed = w.wait_event(&uid(&claim), "ProvisioningFailed").await?;
-    ensure!(failed.contains("final error"), "{failed}");
-    let given_up = w.wait_event(&uid(&claim), "ProvisioningGivenUp").await?;
-    ensure!(given_up.contains("3 failed attempts"), "{given_up}");
+    w.wait_event(&uid(&claim), "ProvisioningGivenUp", &["3 failed attempts"])
+        .await?;
     let calls = w.calls().len();
     tokio::time::sleep(Duration::from_secs(5)).await;
     ensure!(calls == 3, "three attempts before giving up, saw {calls}");
@@ -434,35 +261,36 @@ async fn final_failures_stop_at_the_threshold_even_across_resyncs(
 }
 
 async fn transient_failures_are_retried_until_success(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "transient", "scripted").await?;
-    w.start(&["--failed-provision-threshold", "2"])?;
+    // 3 transient failures then success, with a threshold of 2.
+    retried_without_counting(cp, "transient", 2, ("transient", 3)).await
+}
+
+/// A guest answers `fail.0` `fail.1` times, then provisions: it is called `fail.1 + 1` times and
+/// never given up on, though `fail.1` is above the failure `threshold`.
+async fn retried_without_counting(
+    cp: Arc<ControlPlane>,
+    name: &str,
+    threshold: usize,
+    (fail, times): (&str, usize),
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, name, "scripted").await?;
+    w.start(&["--failed-provision-threshold", &threshold.to_string()])?;
     let class = w
-        .create_class(
-            "flaky",
-            &[("fail", "transient"), ("failTimes", "3")],
-            "Delete",
-        )
+        .class(name)
+        .params(&[("fail", fail), ("failTimes", &times.to_string())])
+        .create()
         .await?;
-    let claim = w.create_claim("data", &class).await?;
+    let claim = w.claim("data").class(&class).create().await?;
     w.wait_bound("data").await?;
-    let provisions = w
-        .calls()
-        .iter()
-        .filter(|l| l.starts_with("provision "))
-        .count();
+    let provisions = w.count_calls("provision");
     ensure!(
-        provisions == 4,
-        "3 transient failures then success, saw {provisions}"
+        provisions == times + 1,
+        "{times} {fail} answers then success, saw {provisions} calls"
     );
-    let reasons: Vec<String> = w
-        .events(&uid(&claim))
-        .await?
-        .into_iter()
-        .map(|(r, _)| r)
-        .collect();
+    let reasons = w.reasons(&uid(&claim)).await?;
     ensure!(
         !reasons.contains(&"ProvisioningGivenUp".into()),
-        "transient errors do not count: {reasons:?}"
+        "{fail} answers do not count: {reasons:?}"
     );
     Ok(())
 }
@@ -503,25 +331,21 @@ async fn a_denied_pv_create_cleans_up_the_storage(cp: Arc<ControlPlane>) -> anyh
         .await?;
     let kubeconfig = cp.restricted_kubeconfig(1).to_owned();
     w.start_as(&kubeconfig, &["--failed-provision-threshold", "1"])?;
-    let class = w.create_class("denied", &[], "Delete").await?;
-    let claim = w.create_claim("data", &class).await?;
-    let message = wait_for("PV-save failure event", WAIT, || async {
-        Ok(w.events(&uid(&claim))
-            .await?
-            .into_iter()
-            .find(|(r, m)| {
-                r == "ProvisioningFailed" && m.contains("Error creating provisioned PV object")
-            })
-            .map(|(_, m)| m))
-    })
-    .await
-    .with_context(|| w.log())?;
+    let class = w.class("denied").create().await?;
+    let claim = w.claim("data").class(&class).create().await?;
+    let message = w
+        .wait_event(
+            &uid(&claim),
+            "ProvisioningFailed",
+            &["Error creating provisioned PV object"],
+        )
+        .await?;
     ensure!(
         message.contains("forbidden") || message.contains("Forbidden"),
         "{message}"
     );
-    let pv = format!("pvc-{}", uid(&claim));
-    wait_for("storage cleaned up", WAIT, || async {
+    let pv = pv_name(&claim);
+    w.wait("storage cleaned up", || async {
         Ok((!w.storage_of(&pv).exists()).then_some(()))
     })
     .await?;
@@ -537,19 +361,8 @@ async fn a_denied_pv_create_cleans_up_the_storage(cp: Arc<ControlPlane>) -> anyh
 async fn a_claim_deleted_while_the_guest_works_leaves_nothing(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "deleted-mid", "scripted").await?;
-    w.start(&[])?;
-    let class = w
-        .create_class("slow", &[("delayMs", "3000")], "Delete")
-        .await?;
-    let claim = w.create_claim("data", &class).await?;
-    let pv = format!("pvc-{}", uid(&claim));
-    let marker = w.storage.path().join(format!("{pv}.started"));
-    wait_for("guest started", WAIT, || async {
-        Ok(marker.exists().then_some(()))
-    })
-    .await
-    .with_context(|| w.log())?;
+    let (w, claim) = World::guest_at_work(cp, "deleted-mid", 3000).await?;
+    let pv = pv_name(&claim);
     w.claims().delete("data", &DeleteParams::default()).await?;
     w.wait_claim_gone("data").await?;
     // Usually the controller sees the deletion when the guest returns and deletes the new
@@ -557,32 +370,20 @@ async fn a_claim_deleted_while_the_guest_works_leaves_nothing(
     // Either way nothing may be left.
     let storage = w.storage_of(&pv);
     let pvs = w.pvs();
-    wait_for("no orphaned storage and no PV", WAIT, || async {
+    w.wait("no orphaned storage and no PV", || async {
         Ok((!storage.exists() && pvs.get_opt(&pv).await?.is_none()).then_some(()))
     })
-    .await
-    .with_context(|| w.log())?;
+    .await?;
     Ok(())
 }
 
 async fn killed_between_guest_and_pv_create_ends_with_one_pv(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "killed", "scripted").await?;
-    w.start(&[])?;
     // The guest creates the storage, then lingers: killing it now is the same as killing the
     // controller after the guest returned and before the PV was created.
-    let class = w
-        .create_class("slow", &[("delayMs", "4000")], "Delete")
-        .await?;
-    let claim = w.create_claim("data", &class).await?;
-    let pv = format!("pvc-{}", uid(&claim));
-    let marker = w.storage.path().join(format!("{pv}.started"));
-    wait_for("guest started", WAIT, || async {
-        Ok(marker.exists().then_some(()))
-    })
-    .await
-    .with_context(|| w.log())?;
+    let (mut w, claim) = World::guest_at_work(cp, "killed", 4000).await?;
+    let pv = pv_name(&claim);
     ensure!(w.storage_of(&pv).is_dir(), "storage exists before the PV");
     w.process.as_mut().unwrap().kill();
     w.start(&[])?;
@@ -610,19 +411,8 @@ async fn killed_between_guest_and_pv_create_ends_with_one_pv(
 async fn killed_then_claim_deleted_while_down_leaves_no_storage(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "killed-deleted", "scripted").await?;
-    w.start(&[])?;
-    let class = w
-        .create_class("slow", &[("delayMs", "4000")], "Delete")
-        .await?;
-    let claim = w.create_claim("data", &class).await?;
-    let pv = format!("pvc-{}", uid(&claim));
-    let marker = w.storage.path().join(format!("{pv}.started"));
-    wait_for("guest started", WAIT, || async {
-        Ok(marker.exists().then_some(()))
-    })
-    .await
-    .with_context(|| w.log())?;
+    let (mut w, claim) = World::guest_at_work(cp, "killed-deleted", 4000).await?;
+    let pv = pv_name(&claim);
     w.process.as_mut().unwrap().kill();
     w.claims().delete("data", &DeleteParams::default()).await?;
     // The default intent record is the log: the claim carries nothing of ours and goes at once.
@@ -633,13 +423,10 @@ async fn killed_then_claim_deleted_while_down_leaves_no_storage(
     );
     w.start(&[])?;
     let storage = w.storage_of(&pv);
-    wait_for(
-        "the restarted controller deleted the storage",
-        WAIT,
-        || async { Ok((!storage.exists()).then_some(())) },
-    )
-    .await
-    .with_context(|| w.log())?;
+    w.wait("the restarted controller deleted the storage", || async {
+        Ok((!storage.exists()).then_some(()))
+    })
+    .await?;
     ensure!(w.pvs().get_opt(&pv).await?.is_none());
     Ok(())
 }
@@ -649,20 +436,9 @@ async fn killed_then_claim_deleted_while_down_leaves_no_storage(
 async fn killed_then_claim_deleted_while_down_with_claim_finalizer(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "killed-deleted-cf", "scripted").await?;
     let mode = ["--intent-record=claim-finalizer"];
-    w.start(&mode)?;
-    let class = w
-        .create_class("slow", &[("delayMs", "4000")], "Delete")
-        .await?;
-    let claim = w.create_claim("data", &class).await?;
-    let pv = format!("pvc-{}", uid(&claim));
-    let marker = w.storage.path().join(format!("{pv}.started"));
-    wait_for("guest started", WAIT, || async {
-        Ok(marker.exists().then_some(()))
-    })
-    .await
-    .with_context(|| w.log())?;
+    let (mut w, claim) = World::guest_at_work_as(cp, "killed-deleted-cf", 4000, &mode).await?;
+    let pv = pv_name(&claim);
     w.process.as_mut().unwrap().kill();
     w.claims().delete("data", &DeleteParams::default()).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -685,17 +461,17 @@ async fn claims_with_the_same_name_over_time_get_their_own_volumes(
 ) -> anyhow::Result<()> {
     let mut w = World::new(cp, "same-name", "scripted").await?;
     w.start(&[])?;
-    let class = w.create_class("c", &[], "Delete").await?;
-    let first = w.create_claim("data", &class).await?;
+    let class = w.class("c").create().await?;
+    let first = w.claim("data").class(&class).create().await?;
     let pv1 = w.wait_bound("data").await?;
     w.claims().delete("data", &DeleteParams::default()).await?;
     w.wait_claim_gone("data").await?;
     w.wait_pv_gone(&pv1.name_any()).await?;
-    let second = w.create_claim("data", &class).await?;
+    let second = w.claim("data").class(&class).create().await?;
     let pv2 = w.wait_bound("data").await?;
     ensure!(first.metadata.uid != second.metadata.uid);
     ensure!(
-        pv2.name_any() == format!("pvc-{}", uid(&second)),
+        pv2.name_any() == pv_name(&second),
         "new PV for the new claim"
     );
     ensure!(!w.storage_of(&pv1.name_any()).exists() && w.storage_of(&pv2.name_any()).is_dir());
@@ -707,17 +483,15 @@ async fn claims_for_other_provisioners_are_never_touched(
 ) -> anyhow::Result<()> {
     let mut w = World::new(cp, "other", "scripted").await?;
     w.start(&[])?;
-    let class: StorageClass = serde_json::from_value(json!({
-        "metadata": {"name": "e2e-other-foreign"},
-        "provisioner": "example.com/someone-else",
-    }))?;
-    Api::<StorageClass>::all(w.admin.clone())
-        .create(&PostParams::default(), &class)
+    let foreign = w
+        .class("foreign")
+        .provisioner("example.com/someone-else")
+        .create()
         .await?;
-    let claim = w.create_claim("data", "e2e-other-foreign").await?;
+    let claim = w.claim("data").class(&foreign).create().await?;
     // Make sure our provisioner is up and working, then look at the foreign claim.
-    let ours = w.create_class("ours", &[], "Delete").await?;
-    w.create_claim("mine", &ours).await?;
+    let ours = w.class("ours").create().await?;
+    w.claim("mine").class(&ours).create().await?;
     w.wait_bound("mine").await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let live = w.claims().get("data").await?;
@@ -729,12 +503,7 @@ async fn claims_for_other_provisioners_are_never_touched(
         "{:?}",
         live.finalizers()
     );
-    let reasons: Vec<String> = w
-        .events(&uid(&claim))
-        .await?
-        .into_iter()
-        .map(|(r, _)| r)
-        .collect();
+    let reasons = w.reasons(&uid(&claim)).await?;
     ensure!(
         !reasons.iter().any(|r| r.starts_with("Provisioning")),
         "{reasons:?}"
@@ -751,9 +520,9 @@ async fn wait_for_first_consumer_waits_for_the_selected_node(
 ) -> anyhow::Result<()> {
     let mut w = World::new(cp, "wffc", "hostpath").await?;
     w.start(&[])?;
-    let class = w.create_wffc_class("local", &[]).await?;
-    let claim = w.create_claim("data", &class).await?;
-    let pv = format!("pvc-{}", uid(&claim));
+    let class = w.class("local").wait_for_first_consumer().create().await?;
+    let claim = w.claim("data").class(&class).create().await?;
+    let pv = pv_name(&claim);
     tokio::time::sleep(Duration::from_secs(2)).await;
     ensure!(
         w.pvs().get_opt(&pv).await?.is_none(),
@@ -761,11 +530,12 @@ async fn wait_for_first_consumer_waits_for_the_selected_node(
     );
     w.select_node("data", "node-a").await?;
     let volume = w.wait_pv(&pv).await?;
-    let affinity = serde_json::to_value(volume.spec.unwrap().node_affinity)?;
     ensure!(
-        affinity["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0]
-            == "node-a",
-        "node affinity to the selected node: {affinity}"
+        affinity(&volume)
+            .first()
+            .is_some_and(|(_, values)| values == &["node-a"]),
+        "node affinity to the selected node: {:?}",
+        affinity(&volume)
     );
     Ok(())
 }
@@ -775,22 +545,21 @@ async fn reschedule_drops_the_selected_node(cp: Arc<ControlPlane>) -> anyhow::Re
     // The claim carries the intent in this mode: the reschedule must drop it with the node.
     w.start(&["--intent-record=claim-finalizer"])?;
     let class = w
-        .create_wffc_class("local", &[("fail", "reschedule")])
+        .class("local")
+        .param("fail", "reschedule")
+        .wait_for_first_consumer()
+        .create()
         .await?;
-    let claim = w.create_claim("data", &class).await?;
+    let claim = w.claim("data").class(&class).create().await?;
     w.select_node("data", "node-a").await?;
-    let message = w.wait_event(&uid(&claim), "ProvisioningFailed").await?;
-    ensure!(message.contains("reschedule"), "{message}");
+    w.wait_event(&uid(&claim), "ProvisioningFailed", &["reschedule"])
+        .await?;
     let claims = w.claims();
-    wait_for("selected-node removed", WAIT, || async {
+    w.wait("selected-node removed", || async {
         let c = claims.get("data").await?;
-        Ok((!c
-            .annotations()
-            .contains_key("volume.kubernetes.io/selected-node"))
-        .then_some(()))
+        Ok((!c.annotations().contains_key(SELECTED_NODE)).then_some(()))
     })
-    .await
-    .with_context(|| w.log())?;
+    .await?;
     let live = claims.get("data").await?;
     ensure!(
         live.finalizers()
@@ -805,37 +574,8 @@ async fn reschedule_drops_the_selected_node(cp: Arc<ControlPlane>) -> anyhow::Re
 async fn in_background_is_called_again_without_counting(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "background", "scripted").await?;
-    w.start(&["--failed-provision-threshold", "1"])?;
-    let class = w
-        .create_class(
-            "bg",
-            &[("fail", "in-background"), ("failTimes", "2")],
-            "Delete",
-        )
-        .await?;
-    let claim = w.create_claim("data", &class).await?;
-    w.wait_bound("data").await?;
-    let provisions = w
-        .calls()
-        .iter()
-        .filter(|l| l.starts_with("provision "))
-        .count();
-    ensure!(
-        provisions == 3,
-        "two in-background answers then success, saw {provisions}"
-    );
-    let reasons: Vec<String> = w
-        .events(&uid(&claim))
-        .await?
-        .into_iter()
-        .map(|(r, _)| r)
-        .collect();
-    ensure!(
-        !reasons.contains(&"ProvisioningGivenUp".into()),
-        "{reasons:?}"
-    );
-    Ok(())
+    // Two in-background answers then success, with a threshold of 1.
+    retried_without_counting(cp, "background", 1, ("in-background", 2)).await
 }
 
 async fn block_claims_need_a_guest_that_supports_block(
@@ -843,23 +583,16 @@ async fn block_claims_need_a_guest_that_supports_block(
 ) -> anyhow::Result<()> {
     let mut w = World::new(cp, "block", "hostpath").await?;
     w.start(&[])?;
-    let class = w.create_class("fs-only", &[], "Delete").await?;
-    let claim = w
-        .create_claim_json(json!({
-            "metadata": {"name": "raw", "namespace": w.ns},
-            "spec": {"storageClassName": class, "volumeMode": "Block", "accessModes": ["ReadWriteOnce"],
-                     "resources": {"requests": {"storage": "1Gi"}}},
-        }))
-        .await?;
-    let message = w.wait_event(&uid(&claim), "ProvisioningFailed").await?;
-    ensure!(message.contains("does not support block"), "{message}");
+    let class = w.class("fs-only").create().await?;
+    let claim = w.claim("raw").class(&class).block().create().await?;
+    w.wait_event(
+        &uid(&claim),
+        "ProvisioningFailed",
+        &["does not support block"],
+    )
+    .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    ensure!(
-        w.pvs()
-            .get_opt(&format!("pvc-{}", uid(&claim)))
-            .await?
-            .is_none()
-    );
+    ensure!(w.pvs().get_opt(&pv_name(&claim)).await?.is_none());
     Ok(())
 }
 
@@ -868,13 +601,8 @@ async fn block_claims_are_provisioned_by_guests_that_support_block(
 ) -> anyhow::Result<()> {
     let mut w = World::new(cp, "block-ok", "scripted").await?;
     w.start(&[])?;
-    let class = w.create_class("raw", &[], "Delete").await?;
-    w.create_claim_json(json!({
-        "metadata": {"name": "raw", "namespace": w.ns},
-        "spec": {"storageClassName": class, "volumeMode": "Block", "accessModes": ["ReadWriteOnce"],
-                 "resources": {"requests": {"storage": "1Gi"}}},
-    }))
-    .await?;
+    let class = w.class("raw").create().await?;
+    w.claim("raw").class(&class).block().create().await?;
     let pv = w.wait_bound("raw").await?;
     ensure!(pv.spec.unwrap().volume_mode.as_deref() == Some("Block"));
     Ok(())
@@ -884,25 +612,19 @@ async fn a_failed_delete_is_reported_and_retried(cp: Arc<ControlPlane>) -> anyho
     let mut w = World::new(cp, "delete-fails", "scripted").await?;
     w.start(&[])?;
     let class = w
-        .create_class(
-            "c",
-            &[("deleteFail", "final"), ("deleteFailTimes", "1")],
-            "Delete",
-        )
+        .class("c")
+        .params(&[("deleteFail", "final"), ("deleteFailTimes", "1")])
+        .create()
         .await?;
-    w.create_claim("data", &class).await?;
+    w.claim("data").class(&class).create().await?;
     let pv = w.wait_bound("data").await?;
     let pv_uid = pv.metadata.uid.clone().unwrap_or_default();
     w.claims().delete("data", &DeleteParams::default()).await?;
-    let message = w.wait_event(&pv_uid, "VolumeFailedDelete").await?;
-    ensure!(message.contains("final error"), "{message}");
+    w.wait_event(&pv_uid, "VolumeFailedDelete", &["final error"])
+        .await?;
     w.wait_pv_gone(&pv.name_any()).await?;
     ensure!(!w.storage_of(&pv.name_any()).exists());
-    let deletes = w
-        .calls()
-        .iter()
-        .filter(|l| l.starts_with("delete "))
-        .count();
+    let deletes = w.count_calls("delete");
     ensure!(
         deletes == 2,
         "one failed delete, one retry: {:?}",
@@ -914,30 +636,20 @@ async fn a_failed_delete_is_reported_and_retried(cp: Arc<ControlPlane>) -> anyho
 async fn guest_hooks_decide_last(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
     let mut w = World::new(cp, "hooks", "scripted").await?;
     w.start(&[])?;
-    let class = w
-        .create_class("kept", &[("keep", "true")], "Delete")
-        .await?;
+    let class = w.class("kept").param("keep", "true").create().await?;
     let skipped = w
-        .create_claim_json(json!({
-            "metadata": {"name": "skipped", "namespace": w.ns,
-                         "annotations": {"scripted.wasm-provisioner.dev/skip": "true"}},
-            "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"],
-                     "resources": {"requests": {"storage": "1Gi"}}},
-        }))
+        .claim("skipped")
+        .class(&class)
+        .annotation("scripted.wasm-provisioner.dev/skip", "true")
+        .create()
         .await?;
-    w.create_claim("kept", &class).await?;
-    let pv = w.wait_bound("kept").await?;
+    w.claim("kept").class(&class).create().await?;
+    let name = w.wait_bound("kept").await?.name_any();
     w.claims().delete("kept", &DeleteParams::default()).await?;
-    let pvs = w.pvs();
-    let name = pv.name_any();
-    wait_for("PV Released", WAIT, || async {
-        let p = pvs.get(&name).await?;
-        Ok((p.status.and_then(|s| s.phase).as_deref() == Some("Released")).then_some(()))
-    })
-    .await?;
+    w.wait_pv_phase(&name, "Released").await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     ensure!(
-        pvs.get_opt(&name).await?.is_some(),
+        w.pvs().get_opt(&name).await?.is_some(),
         "should-delete = false keeps the PV"
     );
     ensure!(w.storage_of(&name).is_dir(), "and its storage");
@@ -946,12 +658,7 @@ async fn guest_hooks_decide_last(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
         live.spec.as_ref().unwrap().volume_name.is_none(),
         "should-provision = false leaves the claim"
     );
-    ensure!(
-        w.pvs()
-            .get_opt(&format!("pvc-{}", uid(&skipped)))
-            .await?
-            .is_none()
-    );
+    ensure!(w.pvs().get_opt(&pv_name(&skipped)).await?.is_none());
     Ok(())
 }
 
@@ -960,20 +667,18 @@ async fn pv_finalizer_mode_guards_the_volume_until_storage_is_gone(
 ) -> anyhow::Result<()> {
     let mut w = World::new(cp, "pv-finalizer", "scripted").await?;
     w.start(&["--add-pv-finalizer"])?;
-    let class = w.create_class("c", &[], "Delete").await?;
-    w.create_claim("data", &class).await?;
-    let pv = w.wait_bound("data").await?;
+    let class = w.class("c").create().await?;
+    w.claim("data").class(&class).create().await?;
+    let name = w.wait_bound("data").await?.name_any();
     let pvs = w.pvs();
-    let name = pv.name_any();
-    wait_for("PV finalizer added", WAIT, || async {
+    w.wait("PV finalizer added", || async {
         let p = pvs.get(&name).await?;
         Ok(p.finalizers()
             .iter()
             .any(|f| f == "external-provisioner.volume.kubernetes.io/finalizer")
             .then_some(()))
     })
-    .await
-    .with_context(|| w.log())?;
+    .await?;
     w.claims().delete("data", &DeleteParams::default()).await?;
     w.wait_pv_gone(&name).await?;
     ensure!(
@@ -984,29 +689,18 @@ async fn pv_finalizer_mode_guards_the_volume_until_storage_is_gone(
 }
 
 async fn sigterm_lets_in_flight_work_finish(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "sigterm", "scripted").await?;
-    w.start(&[])?;
-    let class = w
-        .create_class("slow", &[("delayMs", "2000")], "Delete")
-        .await?;
-    let claim = w.create_claim("data", &class).await?;
-    let pv = format!("pvc-{}", uid(&claim));
-    let marker = w.storage.path().join(format!("{pv}.started"));
-    wait_for("guest started", WAIT, || async {
-        Ok(marker.exists().then_some(()))
-    })
-    .await
-    .with_context(|| w.log())?;
+    let (mut w, claim) = World::guest_at_work(cp, "sigterm", 2000).await?;
+    let pv = pv_name(&claim);
     let status = w.process.as_mut().unwrap().terminate()?;
     ensure!(
         status.success(),
         "exit 0 after SIGTERM, got {status}: {}",
-        w.log()
+        w.logs()
     );
     ensure!(
         w.pvs().get_opt(&pv).await?.is_some(),
         "the in-flight provision finished: {}",
-        w.log()
+        w.logs()
     );
     Ok(())
 }
@@ -1018,27 +712,26 @@ async fn deleting_a_bound_pv_keeps_its_storage_until_the_claim_goes(
 ) -> anyhow::Result<()> {
     let mut w = World::new(cp, "bound-pv-delete", "scripted").await?;
     w.start(&["--add-pv-finalizer"])?;
-    let class = w.create_class("c", &[], "Delete").await?;
-    w.create_claim("data", &class).await?;
+    let class = w.class("c").create().await?;
+    w.claim("data").class(&class).create().await?;
     let pv = w.wait_bound("data").await?;
     let pvs = w.pvs();
     let name = pv.name_any();
-    wait_for("PV finalizer added", WAIT, || async {
+    w.wait("PV finalizer added", || async {
         let p = pvs.get(&name).await?;
         Ok(p.finalizers()
             .iter()
             .any(|f| f == "external-provisioner.volume.kubernetes.io/finalizer")
             .then_some(()))
     })
-    .await
-    .with_context(|| w.log())?;
+    .await?;
     pvs.delete(&name, &DeleteParams::default()).await?;
     // Several reconciles of the PV being deleted (each update and a resync) pass meanwhile.
     tokio::time::sleep(Duration::from_secs(4)).await;
     ensure!(
         w.storage_of(&name).exists(),
         "storage deleted while its claim is still bound: {}",
-        w.log()
+        w.logs()
     );
     ensure!(
         !w.calls().iter().any(|c| c.starts_with("delete ")),
@@ -1065,18 +758,16 @@ async fn a_refused_claim_can_be_deleted_after_uninstall(
         "1",
         "--intent-record=claim-finalizer",
     ])?;
-    let class = w
-        .create_class("broken", &[("fail", "final")], "Delete")
+    let class = w.class("broken").param("fail", "final").create().await?;
+    let claim = w.claim("data").class(&class).create().await?;
+    w.wait_event(&uid(&claim), "ProvisioningGivenUp", &[])
         .await?;
-    let claim = w.create_claim("data", &class).await?;
-    w.wait_event(&uid(&claim), "ProvisioningGivenUp").await?;
     let claims = w.claims();
-    wait_for("finalizer released", WAIT, || async {
+    w.wait("finalizer released", || async {
         let c = claims.get("data").await?;
         Ok((!c.finalizers().iter().any(|f| f == OUR_FINALIZER)).then_some(()))
     })
-    .await
-    .with_context(|| w.log())?;
+    .await?;
     w.process.take().expect("running").kill();
     claims.delete("data", &DeleteParams::default()).await?;
     w.wait_claim_gone("data").await?;
@@ -1090,20 +781,17 @@ async fn release_finalizers_unblocks_claims_after_uninstall(
 ) -> anyhow::Result<()> {
     let mut w = World::new(cp.clone(), "release", "scripted").await?;
     w.start(&["--intent-record=claim-finalizer"])?;
-    let class = w
-        .create_class("flaky", &[("fail", "transient")], "Delete")
-        .await?;
-    w.create_claim("data", &class).await?;
+    let class = w.class("flaky").param("fail", "transient").create().await?;
+    w.claim("data").class(&class).create().await?;
     let claims = w.claims();
-    wait_for("intent recorded", WAIT, || async {
+    w.wait("intent recorded", || async {
         let c = claims.get("data").await?;
         Ok(c.finalizers()
             .iter()
             .any(|f| f == OUR_FINALIZER)
             .then_some(()))
     })
-    .await
-    .with_context(|| w.log())?;
+    .await?;
     w.process.take().expect("running").kill();
     claims.delete("data", &DeleteParams::default()).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -10,36 +10,26 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{ListParams, PostParams};
-use kube::{Api, Client, ResourceExt};
-use libtest_mimic::{Arguments, Failed, Trial};
+use kube::{Api, ResourceExt};
 use serde_json::json;
-use tokio::sync::Mutex;
 use wp_harness::{ControlPlane, Process, wait_for};
 
-use common::{PluginsDir, guest_wasm};
+use common::PluginsDir;
+use common::e2e::Fixture;
+use common::suite::{Suite, Test};
 
 const LEASE_NAMESPACE: &str = "wasm-provisioner";
 const LEASE_DURATION: Duration = Duration::from_secs(15);
 const RETRY_PERIOD: Duration = Duration::from_secs(2);
 const RENEW_DEADLINE: Duration = Duration::from_secs(10);
-
-/// The control plane, behind a lock only the outage test takes for writing.
-struct Shared {
-    cp: Mutex<ControlPlane>,
-    admin: PathBuf,
-    provisioner: PathBuf,
-    run_dir: PathBuf,
-}
 
 /// One replica: its plugins directory (own grant file, shared storage) and its process.
 struct Replica {
@@ -48,16 +38,14 @@ struct Replica {
     process: Option<Process>,
 }
 
-/// One test's world: namespace, provisioner name, shared storage, replicas, lease name.
+/// One test's world: the fixture, shared storage, replicas; the lease is named after the namespace.
 struct World {
-    shared: Arc<Shared>,
-    admin: Client,
-    name: String,
-    ns: String,
-    provisioner: String,
+    fx: Fixture,
     storage: tempfile::TempDir,
     replicas: Vec<Replica>,
 }
+
+fixture_world!(World);
 
 impl World {
     /// The last lines of every replica's log whose lines mention leases, for failure messages.
@@ -74,23 +62,14 @@ impl World {
             .collect()
     }
 
-    async fn new(shared: Arc<Shared>, name: &str, replicas: usize) -> anyhow::Result<World> {
-        let admin = ControlPlane::client_for(&shared.admin).await?;
-        let ns = format!("ha-{name}");
-        Api::<Namespace>::all(admin.clone())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-            )
-            .await
-            .with_context(|| format!("create namespace {ns}"))?;
-        let provisioner = format!("ha.wasm-provisioner.dev/{name}");
+    async fn new(cp: Arc<ControlPlane>, name: &str, replicas: usize) -> anyhow::Result<World> {
+        let fx = Fixture::new(cp, "ha", name).await?;
         let storage = tempfile::tempdir()?;
         let replicas = (1..=replicas)
             .map(|n| {
                 let name = format!("r{n}");
                 let plugins = PluginsDir::new();
-                let grant = common::dir_grant(&provisioner, storage.path(), "/state", "")
+                let grant = common::dir_grant(&fx.provisioner, storage.path(), "/state", "")
                     + &format!("instance = \"{name}\"\n");
                 plugins.add("scripted", "scripted", &grant);
                 Replica {
@@ -101,60 +80,44 @@ impl World {
             })
             .collect();
         Ok(World {
-            shared,
-            admin,
-            name: name.into(),
-            ns,
-            provisioner,
+            fx,
             storage,
             replicas,
         })
     }
 
+    /// Two replicas, started; returns the world, the leader's identity and its replica index.
+    async fn with_leader(
+        cp: Arc<ControlPlane>,
+        name: &str,
+    ) -> anyhow::Result<(World, (String, usize))> {
+        let mut w = World::new(cp, name, 2).await?;
+        w.start(0, &[])?;
+        w.start(1, &[])?;
+        let leader = w.wait_leader(Duration::from_secs(30)).await?;
+        Ok((w, leader))
+    }
+
     fn lease_name(&self) -> String {
-        format!("ha-{}", self.name)
+        self.ns.clone()
     }
 
     /// Starts replica `i` with fast retries, a generous API budget, and election on.
     fn start(&mut self, i: usize, extra: &[&str]) -> anyhow::Result<()> {
         let lease = self.lease_name();
-        let replica = &mut self.replicas[i];
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
-        cmd.args(["run", "--plugins"])
-            .arg(replica.plugins.path())
-            .arg("--kubeconfig")
-            .arg(&self.shared.provisioner)
-            .args([
-                "--retry-interval-start",
-                "300ms",
-                "--retry-interval-max",
-                "2s",
-            ])
-            .args(["--kube-api-qps", "200", "--kube-api-burst", "400"])
+        let replica = &self.replicas[i];
+        let mut cmd =
+            self.provisioner_command(replica.plugins.path(), self.cp.provisioner_kubeconfig());
+        cmd.args(["--kube-api-qps", "200", "--kube-api-burst", "400"])
             .args(["--worker-threads", "16"])
             .args(["--instance-name", &replica.name])
             .args(["--leader-election-namespace", LEASE_NAMESPACE])
             .args(["--leader-election-lease-name", &lease])
             .args(extra)
             .env("RUST_LOG", "info,wasm_provisioner=debug,kube=warn");
-        let log =
-            self.shared
-                .run_dir
-                .join(format!("ha-{}-{}-{}.log", self.name, replica.name, stamp()));
-        replica.process = Some(Process::spawn(cmd, log)?);
+        let process = self.fx.spawn(&replica.name, cmd)?;
+        self.replicas[i].process = Some(process);
         Ok(())
-    }
-
-    fn logs(&self) -> String {
-        self.replicas
-            .iter()
-            .filter_map(|r| {
-                r.process
-                    .as_ref()
-                    .map(|p| format!("--- {} ---\n{}", r.name, p.log_tail(40)))
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
     }
 
     fn log_of(&self, i: usize) -> String {
@@ -166,19 +129,7 @@ impl World {
     }
 
     async fn create_class(&self, params: &[(&str, &str)]) -> anyhow::Result<String> {
-        let name = format!("ha-{}", self.name);
-        let params: BTreeMap<&str, &str> = params.iter().copied().collect();
-        let class: StorageClass = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "provisioner": self.provisioner,
-            "parameters": params,
-            "reclaimPolicy": "Delete",
-            "volumeBindingMode": "Immediate",
-        }))?;
-        Api::<StorageClass>::all(self.admin.clone())
-            .create(&PostParams::default(), &class)
-            .await?;
-        Ok(name)
+        self.class("c").params(params).create().await
     }
 
     /// Creates `count` claims named `c-<n>` (20 requests at a time).
@@ -211,10 +162,6 @@ impl World {
             .try_collect::<Vec<_>>()
             .await?;
         Ok(())
-    }
-
-    fn claims(&self) -> Api<PersistentVolumeClaim> {
-        Api::namespaced(self.admin.clone(), &self.ns)
     }
 
     async fn bound_count(&self) -> anyhow::Result<usize> {
@@ -355,13 +302,6 @@ impl World {
     }
 }
 
-fn stamp() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
-}
-
 fn distribution(per_pv: &BTreeMap<String, Vec<String>>) -> BTreeMap<String, usize> {
     let mut by_replica = BTreeMap::new();
     for replicas in per_pv.values() {
@@ -373,12 +313,9 @@ fn distribution(per_pv: &BTreeMap<String, Vec<String>>) -> BTreeMap<String, usiz
 }
 
 async fn two_replicas_200_claims_only_the_leader_calls_guests(
-    shared: Arc<Shared>,
+    cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(shared, "leader-200", 2).await?;
-    w.start(0, &[])?;
-    w.start(1, &[])?;
-    let (_, leader) = w.wait_leader(Duration::from_secs(30)).await?;
+    let (w, (_, leader)) = World::with_leader(cp, "leader-200").await?;
     let class = w.create_class(&[]).await?;
     let started = Instant::now();
     w.create_claims(&class, 200).await?;
@@ -413,12 +350,9 @@ async fn two_replicas_200_claims_only_the_leader_calls_guests(
 }
 
 async fn sigkill_of_the_leader_mid_load_fails_over_without_duplicates_or_orphans(
-    shared: Arc<Shared>,
+    cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(shared, "sigkill", 2).await?;
-    w.start(0, &[])?;
-    w.start(1, &[])?;
-    let (old, leader) = w.wait_leader(Duration::from_secs(30)).await?;
+    let (mut w, (old, leader)) = World::with_leader(cp, "sigkill").await?;
     // Slow provisioning keeps work in flight when the leader dies.
     let class = w.create_class(&[("delayMs", "1000")]).await?;
     let count = 80;
@@ -463,11 +397,10 @@ async fn sigkill_of_the_leader_mid_load_fails_over_without_duplicates_or_orphans
     Ok(())
 }
 
-async fn sigterm_hands_the_lease_over_within_2_seconds(shared: Arc<Shared>) -> anyhow::Result<()> {
-    let mut w = World::new(shared, "sigterm", 2).await?;
-    w.start(0, &[])?;
-    w.start(1, &[])?;
-    let (old, leader) = w.wait_leader(Duration::from_secs(30)).await?;
+async fn sigterm_hands_the_lease_over_within_2_seconds(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let (mut w, (old, leader)) = World::with_leader(cp, "sigterm").await?;
     let class = w.create_class(&[]).await?;
     w.create_claims(&class, 5).await?;
     w.wait_all_bound(5, Duration::from_secs(60)).await?;
@@ -525,9 +458,9 @@ async fn sigterm_hands_the_lease_over_within_2_seconds(shared: Arc<Shared>) -> a
 }
 
 async fn per_claim_mode_three_replicas_200_claims_spread_exactly_once(
-    shared: Arc<Shared>,
+    cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(shared, "per-claim", 3).await?;
+    let mut w = World::new(cp, "per-claim", 3).await?;
     for i in 0..3 {
         w.start(i, &["--leader-election-mode", "per-claim"])?;
     }
@@ -578,12 +511,9 @@ async fn per_claim_mode_three_replicas_200_claims_spread_exactly_once(
 }
 
 async fn an_apiserver_outage_longer_than_the_renew_deadline_never_has_two_writers(
-    shared: Arc<Shared>,
+    cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(shared.clone(), "outage", 2).await?;
-    w.start(0, &[])?;
-    w.start(1, &[])?;
-    w.wait_leader(Duration::from_secs(30)).await?;
+    let (mut w, _) = World::with_leader(cp.clone(), "outage").await?;
     let class = w.create_class(&[("delayMs", "200")]).await?;
     w.create_claims(&class, 30).await?;
     wait_for("some claims bound", Duration::from_secs(60), || async {
@@ -591,12 +521,9 @@ async fn an_apiserver_outage_longer_than_the_renew_deadline_never_has_two_writer
     })
     .await?;
     let outage = RENEW_DEADLINE + Duration::from_secs(6);
-    {
-        let mut cp = shared.cp.lock().await;
-        cp.stop_apiserver().await?;
-        tokio::time::sleep(outage).await;
-        cp.start_apiserver().await?;
-    }
+    cp.stop_apiserver().await?;
+    tokio::time::sleep(outage).await;
+    cp.start_apiserver().await?;
     println!("    API server was down for {} s", outage.as_secs());
     w.wait_all_bound(30, Duration::from_secs(180)).await?;
     for replica in &mut w.replicas {
@@ -625,79 +552,24 @@ async fn an_apiserver_outage_longer_than_the_renew_deadline_never_has_two_writer
     Ok(())
 }
 
-type TestFn = fn(Arc<Shared>) -> std::pin::Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
-
-macro_rules! tests {
-    ($($name:ident),* $(,)?) => {
-        vec![$((stringify!($name), (|s| Box::pin($name(s))) as TestFn)),*]
-    };
-}
-
 fn main() -> std::process::ExitCode {
-    let mut args = Arguments::from_args();
-    // One at a time: each test loads both cores, and the outage test stops the API server.
-    args.test_threads = Some(1);
-    let tests: Vec<(&str, TestFn)> = tests![
+    let suite = Suite {
+        what: "HA",
+        guests: &["scripted"],
+        timeout: Duration::from_secs(420),
+        // One at a time: each test loads both cores, and the outage test stops the API server.
+        one_at_a_time: true,
+    };
+    let tests: Vec<(&str, common::suite::TestFn)> = e2e_tests![
         two_replicas_200_claims_only_the_leader_calls_guests,
         sigkill_of_the_leader_mid_load_fails_over_without_duplicates_or_orphans,
         sigterm_hands_the_lease_over_within_2_seconds,
         per_claim_mode_three_replicas_200_claims_spread_exactly_once,
         an_apiserver_outage_longer_than_the_renew_deadline_never_has_two_writers,
     ];
-    let selected: Vec<_> = tests
-        .iter()
-        .filter(|(name, _)| args.filter.as_deref().is_none_or(|f| name.contains(f)))
-        .collect();
-    if args.list || selected.is_empty() {
-        let trials = tests
-            .iter()
-            .map(|(name, _)| Trial::test(*name, || Ok(())))
-            .collect();
-        return libtest_mimic::run(&args, trials).exit_code();
-    }
-    guest_wasm("scripted");
-    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let cp = match runtime.block_on(ControlPlane::start()) {
-        Ok(cp) => cp,
-        Err(error) => {
-            eprintln!("cannot start the control plane: {error:#}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let shared = Arc::new(Shared {
-        admin: cp.admin_kubeconfig().to_owned(),
-        provisioner: cp.provisioner_kubeconfig().to_owned(),
-        run_dir: cp.run_dir().to_owned(),
-        cp: Mutex::new(cp),
-    });
-    let trials = tests
+    let tests = tests
         .into_iter()
-        .map(|(name, test)| {
-            let shared = shared.clone();
-            Trial::test(name, move || {
-                let runtime =
-                    tokio::runtime::Runtime::new().map_err(|e| Failed::from(e.to_string()))?;
-                runtime
-                    .block_on(async move {
-                        tokio::time::timeout(Duration::from_secs(420), test(shared)).await
-                    })
-                    .map_err(|_| Failed::from("timed out after 420 s"))?
-                    .map_err(|e| Failed::from(format!("{e:#}")))
-            })
-        })
+        .map(|(name, test)| Test::new(name, test))
         .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    let cp = Arc::try_unwrap(shared)
-        .ok()
-        .map(|shared| shared.cp.into_inner());
-    if conclusion.has_failed() {
-        if let Some(cp) = &cp {
-            cp.mark_failed();
-        }
-        eprintln!(
-            "some HA tests failed; replica and control-plane logs are in the run dir (kept with WP_KEEP_RUN_DIR=1)"
-        );
-    }
-    drop(cp);
-    conclusion.exit_code()
+    common::suite::run_suite(suite, tests)
 }

@@ -14,17 +14,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume};
 use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 use wp_harness::{ControlPlane, Process, wait_for};
 
-use common::{PluginsDir, dir_grant};
+use common::e2e::{Fixture, SELECTED_NODE, WAIT, affinity, pv_name};
+use common::{PluginsDir, dir_guest};
 
-const WAIT: Duration = Duration::from_secs(60);
-const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 const GONE_GRACE: &str = "2s";
 
 /// One node: its name, its "disk" and the instance running on it.
@@ -35,14 +33,13 @@ struct NodeInstance {
     process: Process,
 }
 
-/// One test's world: namespace, provisioner name, three nodes with an instance each.
+/// One test's world: the fixture and three nodes with an instance each.
 struct World {
-    admin: Client,
-    name: String,
-    ns: String,
-    provisioner: String,
+    fx: Fixture,
     nodes: Vec<NodeInstance>,
 }
+
+fixture_world!(World);
 
 impl World {
     async fn new(cp: Arc<ControlPlane>, name: &str) -> anyhow::Result<World> {
@@ -57,52 +54,27 @@ impl World {
         guest: &str,
         delays: (&str, &str),
     ) -> anyhow::Result<World> {
-        let admin = cp.admin_client().await?;
-        let ns = format!("node-{name}");
-        Api::<Namespace>::all(admin.clone())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-            )
-            .await
-            .with_context(|| format!("create namespace {ns}"))?;
-        let provisioner = format!("node.wasm-provisioner.dev/{name}");
+        let fx = Fixture::new(cp, "node", name).await?;
         let mut nodes = Vec::new();
         for n in 1..=3 {
             let node = format!("{name}-n{n}");
             let object: Node = serde_json::from_value(json!({
                 "metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}
             }))?;
-            Api::<Node>::all(admin.clone())
+            Api::<Node>::all(fx.admin.clone())
                 .create(&PostParams::default(), &object)
                 .await
                 .with_context(|| format!("create node {node}"))?;
             let disk = tempfile::tempdir()?;
-            let plugins = PluginsDir::new();
-            plugins.add(
-                guest,
-                guest,
-                &dir_grant(&provisioner, disk.path(), "/volumes", ""),
-            );
-            let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
-            cmd.args(["run", "--plugins"])
-                .arg(plugins.path())
-                .arg("--kubeconfig")
-                .arg(cp.provisioner_kubeconfig())
-                .args(["--node-deployment", "--node-name", &node])
+            let plugins = dir_guest(guest, &fx.provisioner, disk.path(), "/volumes");
+            let mut cmd = fx.provisioner_command(plugins.path(), fx.cp.provisioner_kubeconfig());
+            cmd.args(["--node-deployment", "--node-name", &node])
                 .args(["--node-deployment-base-delay", delays.0])
                 .args(["--node-deployment-max-delay", delays.1])
                 .args(["--node-gone-grace", GONE_GRACE])
-                .args([
-                    "--retry-interval-start",
-                    "300ms",
-                    "--retry-interval-max",
-                    "2s",
-                ])
                 .args(["--instance-name", &node])
-                .env_remove("NODE_NAME")
-                .env("RUST_LOG", "info,wasm_provisioner=debug");
-            let process = Process::spawn(cmd, cp.run_dir().join(format!("{node}.log")))?;
+                .env_remove("NODE_NAME");
+            let process = fx.spawn(&node, cmd)?;
             nodes.push(NodeInstance {
                 name: node,
                 disk,
@@ -110,46 +82,23 @@ impl World {
                 process,
             });
         }
-        Ok(World {
-            admin,
-            name: name.into(),
-            ns,
-            provisioner,
-            nodes,
-        })
+        Ok(World { fx, nodes })
     }
 
+    /// A class `<ns>-<suffix>` with `binding` and the StorageClass `annotations`.
     async fn create_class(
         &self,
         suffix: &str,
         binding: &str,
         annotations: &[(&str, &str)],
     ) -> anyhow::Result<String> {
-        self.create_class_with(suffix, binding, annotations, &[])
+        annotations
+            .iter()
+            .fold(self.class(suffix).binding(binding), |class, (k, v)| {
+                class.annotation(k, v)
+            })
+            .create()
             .await
-    }
-
-    async fn create_class_with(
-        &self,
-        suffix: &str,
-        binding: &str,
-        annotations: &[(&str, &str)],
-        parameters: &[(&str, &str)],
-    ) -> anyhow::Result<String> {
-        let name = format!("node-{}-{suffix}", self.name);
-        let annotations: BTreeMap<&str, &str> = annotations.iter().copied().collect();
-        let parameters: BTreeMap<&str, &str> = parameters.iter().copied().collect();
-        let class: StorageClass = serde_json::from_value(json!({
-            "metadata": {"name": name, "annotations": annotations},
-            "parameters": parameters,
-            "provisioner": self.provisioner,
-            "reclaimPolicy": "Delete",
-            "volumeBindingMode": binding,
-        }))?;
-        Api::<StorageClass>::all(self.admin.clone())
-            .create(&PostParams::default(), &class)
-            .await?;
-        Ok(name)
     }
 
     /// A 1Gi claim; `node` plays the scheduler's selected-node annotation.
@@ -158,55 +107,13 @@ impl World {
         name: &str,
         class: &str,
         node: Option<&str>,
-    ) -> anyhow::Result<PersistentVolumeClaim> {
-        let annotations: BTreeMap<&str, &str> =
-            node.map(|n| (SELECTED_NODE, n)).into_iter().collect();
-        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": self.ns, "annotations": annotations},
-            "spec": {
-                "storageClassName": class,
-                "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": "1Gi"}},
-            }
-        }))?;
-        Ok(self.claims().create(&PostParams::default(), &claim).await?)
-    }
-
-    fn claims(&self) -> Api<PersistentVolumeClaim> {
-        Api::namespaced(self.admin.clone(), &self.ns)
-    }
-
-    fn pvs(&self) -> Api<PersistentVolume> {
-        Api::all(self.admin.clone())
-    }
-
-    fn logs(&self) -> String {
-        self.nodes
-            .iter()
-            .map(|n| format!("--- {} ---\n{}", n.name, n.process.log_tail(40)))
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-
-    async fn wait_bound(&self, claim: &str) -> anyhow::Result<PersistentVolume> {
-        let claims = self.claims();
-        let volume = wait_for(&format!("claim {claim} Bound"), WAIT, || async {
-            let c = claims.get(claim).await?;
-            let bound = c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
-            Ok(bound.then(|| c.spec.and_then(|s| s.volume_name)).flatten())
-        })
-        .await
-        .with_context(|| self.logs())?;
-        Ok(self.pvs().get(&volume).await?)
-    }
-
-    async fn wait_pv_gone(&self, pv: &str) -> anyhow::Result<()> {
-        let pvs = self.pvs();
-        wait_for(&format!("PV {pv} deleted"), WAIT, || async {
-            Ok(pvs.get_opt(pv).await?.is_none().then_some(()))
-        })
-        .await
-        .with_context(|| self.logs())
+    ) -> anyhow::Result<()> {
+        self.claim(name)
+            .class(class)
+            .selected_node(node)
+            .create()
+            .await?;
+        Ok(())
     }
 
     /// The nodes whose disk holds directory `pv`.
@@ -225,19 +132,11 @@ impl World {
 
 /// The PV's `kubernetes.io/hostname` node affinity values.
 fn pinned_to(pv: &PersistentVolume) -> Vec<String> {
-    pv.spec
-        .as_ref()
-        .and_then(|s| s.node_affinity.as_ref())
-        .and_then(|a| a.required.as_ref())
-        .map(|r| {
-            r.node_selector_terms
-                .iter()
-                .flat_map(|t| t.match_expressions.iter().flatten())
-                .filter(|e| e.key == "kubernetes.io/hostname")
-                .flat_map(|e| e.values.clone().unwrap_or_default())
-                .collect()
-        })
-        .unwrap_or_default()
+    affinity(pv)
+        .into_iter()
+        .filter(|(key, _)| key == "kubernetes.io/hostname")
+        .flat_map(|(_, values)| values)
+        .collect()
 }
 
 fn host_path(pv: &PersistentVolume) -> PathBuf {
@@ -490,32 +389,26 @@ async fn a_claim_deleted_mid_provision_is_finished_by_its_node_only(
 ) -> anyhow::Result<()> {
     let w = World::with_guest(cp, "mid", "scripted", ("100ms", "1s")).await?;
     let class = w
-        .create_class_with(
-            "slow",
-            "WaitForFirstConsumer",
-            &[],
-            &[("delayMs", "3000"), ("pinToSelectedNode", "true")],
-        )
+        .class("slow")
+        .params(&[("delayMs", "3000"), ("pinToSelectedNode", "true")])
+        .wait_for_first_consumer()
+        .create()
         .await?;
     let owner = w.nodes[0].name.clone();
-    let claim = w.create_claim("short-lived", &class, Some(&owner)).await?;
-    let pv = format!("pvc-{}", claim.metadata.uid.clone().unwrap_or_default());
+    let claim = w
+        .claim("short-lived")
+        .class(&class)
+        .selected_node(Some(&owner))
+        .create()
+        .await?;
+    let pv = pv_name(&claim);
     let started = w.node(&owner).disk.path().join(format!("{pv}.started"));
-    wait_for("the owner's guest to start provisioning", WAIT, || {
-        let found = started.exists();
-        async move { Ok(found.then_some(())) }
-    })
-    .await
-    .with_context(|| w.logs())?;
+    w.wait_file("the owner's guest to start provisioning", &started)
+        .await?;
     w.claims()
         .delete("short-lived", &DeleteParams::default())
         .await?;
-    let claims = w.claims();
-    wait_for("the claim to be gone", WAIT, || async {
-        Ok(claims.get_opt("short-lived").await?.is_none().then_some(()))
-    })
-    .await
-    .with_context(|| w.logs())?;
+    w.wait_claim_gone("short-lived").await?;
     ensure!(
         w.disks_holding(&pv).is_empty(),
         "storage left on {:?}; the owner's guest calls:\n{}\n{}",
@@ -552,26 +445,13 @@ async fn a_claim_deleted_mid_provision_is_finished_by_its_node_only(
 
 /// An instance whose --node-name names no Node refuses to start, and says why.
 async fn a_mistyped_node_name_stops_the_instance(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let fx = Fixture::new(cp, "node", "typo").await?;
     let disk = tempfile::tempdir()?;
-    let plugins = PluginsDir::new();
-    plugins.add(
-        "hostpath",
-        "hostpath",
-        &dir_grant(
-            "node.wasm-provisioner.dev/typo",
-            disk.path(),
-            "/volumes",
-            "",
-        ),
-    );
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
-    cmd.args(["run", "--plugins"])
-        .arg(plugins.path())
-        .arg("--kubeconfig")
-        .arg(cp.provisioner_kubeconfig())
-        .args(["--node-deployment", "--node-name", "no-such-node"])
+    let plugins = dir_guest("hostpath", &fx.provisioner, disk.path(), "/volumes");
+    let mut cmd = fx.provisioner_command(plugins.path(), fx.cp.provisioner_kubeconfig());
+    cmd.args(["--node-deployment", "--node-name", "no-such-node"])
         .env_remove("NODE_NAME");
-    let mut process = Process::spawn(cmd, cp.run_dir().join("typo.log"))?;
+    let mut process = fx.spawn("no-such-node", cmd)?;
     let status = wait_for("the instance to exit", WAIT, || {
         let status = process.exit_status();
         async move { Ok(status) }

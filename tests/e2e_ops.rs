@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
@@ -19,17 +18,17 @@ use std::time::Duration;
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::Event as EventV1;
-use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
-use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use libtest_mimic::{Arguments, Failed, Trial};
 use serde::Deserialize;
 use serde_json::json;
 use wp_harness::{ControlPlane, Process, RBAC_YAML, wait_for};
 
-use common::{PluginsDir, dir_grant, guest_wasm};
+use common::e2e::{Fixture, uid};
+use common::suite::{Suite, Test};
+use common::{PluginsDir, dir_guest};
 
 /// How long one step of the cycle may take before the cycle counts as broken.
 const STEP: Duration = Duration::from_secs(25);
@@ -235,63 +234,39 @@ async fn http_get(address: SocketAddr, path: &str) -> anyhow::Result<(u16, Strin
     Ok((status, body))
 }
 
-/// One run of the cycle: its namespace, provisioner, guest state and process.
+/// One run of the cycle: its fixture (namespace, provisioner name), guest state and process.
 struct Cycle {
-    admin: Client,
-    ns: String,
+    fx: Fixture,
     class: String,
     storage: tempfile::TempDir,
-    _plugins: PluginsDir,
+    plugins: PluginsDir,
     process: Process,
     metrics: SocketAddr,
 }
+
+fixture_world!(Cycle);
 
 impl Cycle {
     /// Starts `wasm-provisioner run` as `kubeconfig` with the flags `deploy/deployment.yaml` uses;
     /// with `node`, as `deploy/node/` runs it (`--node-deployment` on a Node of its own).
     async fn start(
-        cp: &ControlPlane,
+        cp: &Arc<ControlPlane>,
         kubeconfig: &Path,
         tag: &str,
         node: bool,
     ) -> anyhow::Result<Cycle> {
-        let admin = cp.admin_client().await?;
-        let ns = format!("ops-{tag}");
-        Api::<Namespace>::all(admin.clone())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-            )
-            .await
-            .with_context(|| format!("create namespace {ns}"))?;
-        let provisioner = format!("ops.wasm-provisioner.dev/{tag}");
+        let fx = Fixture::new(cp.clone(), "ops", tag).await?;
         let storage = tempfile::tempdir()?;
-        let plugins = PluginsDir::new();
-        plugins.add(
-            "scripted",
-            "scripted",
-            &dir_grant(&provisioner, storage.path(), "/state", ""),
-        );
+        let plugins = dir_guest("scripted", &fx.provisioner, storage.path(), "/state");
         let metrics = free_port();
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
-        cmd.args(["run", "--plugins"])
-            .arg(plugins.path())
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args([
-                "--retry-interval-start",
-                "300ms",
-                "--retry-interval-max",
-                "2s",
-            ])
-            .args(["--add-pv-finalizer", "--log-format", "json"])
+        let mut cmd = fx.provisioner_command(plugins.path(), kubeconfig);
+        cmd.args(["--add-pv-finalizer", "--log-format", "json"])
             .args(["--metrics-address", &metrics.to_string()])
-            .args(["--instance-name", tag])
-            .env("RUST_LOG", "info,wasm_provisioner=debug");
+            .args(["--instance-name", tag]);
         if node {
-            let name = format!("ops-{tag}");
+            let name = fx.ns.clone();
             let object: Node = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-            match Api::<Node>::all(admin.clone())
+            match Api::<Node>::all(fx.admin.clone())
                 .create(&PostParams::default(), &object)
                 .await
             {
@@ -318,56 +293,34 @@ impl Cycle {
                 "--leader-election-namespace",
                 LEASE_NAMESPACE,
                 "--leader-election-lease-name",
-                &format!("ops-{tag}"),
+                &fx.ns,
             ]);
         }
-        let process = Process::spawn(cmd, cp.run_dir().join(format!("provisioner-ops-{tag}.log")))?;
-        let class = format!("ops-{tag}");
+        let process = fx.spawn("provisioner", cmd)?;
         // The guest takes 2.5 s, longer than the default 2 s retry period, so every per-claim
         // lease is renewed (a lease `update`) while its claim is worked on.
-        let mut params: BTreeMap<&str, &str> =
-            [("fail", "final"), ("failTimes", "1"), ("delayMs", "2500")].into();
+        let mut class =
+            fx.class("c")
+                .params(&[("fail", "final"), ("failTimes", "1"), ("delayMs", "2500")]);
         if node {
             // Node mode deletes only PVs pinned to the instance's node.
-            params.insert("pinToSelectedNode", "true");
+            class = class.param("pinToSelectedNode", "true");
         }
-        let sc: StorageClass = serde_json::from_value(json!({
-            "metadata": {"name": class},
-            "provisioner": provisioner,
-            "parameters": params,
-            "reclaimPolicy": "Delete",
-            "volumeBindingMode": "Immediate",
-        }))?;
-        Api::<StorageClass>::all(admin.clone())
-            .create(&PostParams::default(), &sc)
-            .await?;
+        let class = class.create().await?;
         Ok(Cycle {
-            admin,
-            ns,
+            fx,
             class,
             storage,
-            _plugins: plugins,
+            plugins,
             process,
             metrics,
         })
     }
 
-    fn claims(&self) -> Api<PersistentVolumeClaim> {
-        Api::namespaced(self.admin.clone(), &self.ns)
-    }
-
     /// Runs the whole cycle on claim `name`; the error names the step that did not happen.
     async fn run(&self, name: &str) -> anyhow::Result<()> {
-        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": self.ns},
-            "spec": {
-                "storageClassName": self.class,
-                "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": "1Gi"}},
-            }
-        }))?;
-        let claim = self.claims().create(&PostParams::default(), &claim).await?;
-        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let claim = self.claim(name).class(&self.class).create().await?;
+        let uid = uid(&claim);
         let claims = self.claims();
         let pv_name = wait_for(&format!("claim {name} Bound"), STEP, || async {
             let c = claims.get(name).await?;
@@ -710,42 +663,19 @@ async fn leader_election_hands_over_with_deploy_rbac(cp: Arc<ControlPlane>) -> a
     let mut first = Cycle::start(&cp, &kubeconfig, "le", false).await?;
     first.run("before").await.with_context(|| first.log())?;
     // A second replica of the same provisioner, same lease.
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
-    cmd.args(["run", "--plugins"])
-        .arg(first._plugins.path())
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args([
-            "--retry-interval-start",
-            "300ms",
-            "--retry-interval-max",
-            "2s",
-        ])
-        .args([
-            "--add-pv-finalizer",
-            "--log-format",
-            "json",
-            "--instance-name",
-            "le-2",
-        ])
-        .args([
-            "--leader-election=true",
-            "--leader-election-namespace",
-            LEASE_NAMESPACE,
-        ])
-        .args(["--leader-election-lease-name", "ops-le"]);
-    let mut second = Process::spawn(cmd, cp.run_dir().join("provisioner-ops-le-2.log"))?;
+    let mut cmd = first.provisioner_command(first.plugins.path(), &kubeconfig);
+    cmd.args(["--add-pv-finalizer", "--log-format", "json"])
+        .args(["--instance-name", "le-2"])
+        .args(["--leader-election=true"])
+        .args(["--leader-election-namespace", LEASE_NAMESPACE])
+        .args(["--leader-election-lease-name", &first.ns]);
+    let mut second = first.spawn("le-2", cmd)?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     first.process.kill();
     // The standby acquires the expired lease and serves the next claim.
     let result = async {
+        first.claim("after").class(&first.class).create().await?;
         let claims = first.claims();
-        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-            "metadata": {"name": "after", "namespace": first.ns},
-            "spec": {"storageClassName": first.class, "accessModes": ["ReadWriteOnce"],
-                     "resources": {"requests": {"storage": "1Gi"}}}
-        }))?;
-        claims.create(&PostParams::default(), &claim).await?;
         wait_for(
             "claim after Bound by the new leader",
             Duration::from_secs(90),
@@ -778,24 +708,7 @@ async fn leader_election_hands_over_with_deploy_rbac(cp: Arc<ControlPlane>) -> a
     Ok(())
 }
 
-type TestFn = Box<dyn FnOnce() -> anyhow::Result<()> + Send>;
-
-fn trial(name: String, ignored: bool, test: TestFn) -> Trial {
-    Trial::test(name, move || {
-        test().map_err(|e| Failed::from(format!("{e:#}")))
-    })
-    .with_ignored_flag(ignored)
-}
-
-fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(future: F) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Runtime::new()?;
-    runtime
-        .block_on(async { tokio::time::timeout(Duration::from_secs(240), future).await })
-        .map_err(|_| anyhow::anyhow!("timed out after 240 s"))?
-}
-
 fn main() -> std::process::ExitCode {
-    let args = Arguments::from_args();
     let rbac = match DeployRbac::load() {
         Ok(rbac) => rbac,
         Err(error) => {
@@ -804,81 +717,35 @@ fn main() -> std::process::ExitCode {
         }
     };
     let leader_election = has_leader_election();
-    let variants = rbac.minus_one_variants(leader_election);
-    let mut names: Vec<(String, bool)> = vec![
-        (
-            "deploy_rbac_runs_the_cycle_with_health_metrics_and_logs".into(),
-            false,
-        ),
-        // Waits for the leader-election change: the flags do not exist in this binary yet.
-        (
-            "leader_election_hands_over_with_deploy_rbac".into(),
-            !leader_election,
-        ),
-    ];
-    names.extend(
-        variants
-            .iter()
-            .map(|v| (format!("without_{}", v.name), false)),
-    );
-    let selected = names
-        .iter()
-        .any(|(name, ignored)| !ignored && args.filter.as_deref().is_none_or(|f| name.contains(f)));
-    if args.list || !selected {
-        let trials = names
-            .into_iter()
-            .map(|(name, ignored)| Trial::test(name, || Ok(())).with_ignored_flag(ignored))
-            .collect();
-        return libtest_mimic::run(&args, trials).exit_code();
-    }
-    guest_wasm("scripted");
-    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let cp = match runtime.block_on(ControlPlane::start()) {
-        Ok(cp) => Arc::new(cp),
-        Err(error) => {
-            eprintln!("cannot start the control plane: {error:#}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    if cp.is_attached() {
+    // Identities are admin on an attached cluster, so RBAC cannot be proven there.
+    let attached = std::env::var_os(wp_harness::ATTACH_KUBECONFIG_ENV).is_some();
+    if attached {
         eprintln!("attached to WP_KUBECONFIG: identities are admin there, so RBAC is not proven");
     }
+    let mut tests = vec![
+        Test::new(
+            "deploy_rbac_runs_the_cycle_with_health_metrics_and_logs",
+            |cp| Box::pin(deploy_rbac_runs_the_cycle_with_health_metrics_and_logs(cp)),
+        ),
+        // Only meaningful when the binary elects leaders (`run --help` has the flags).
+        Test::new("leader_election_hands_over_with_deploy_rbac", |cp| {
+            Box::pin(leader_election_hands_over_with_deploy_rbac(cp))
+        })
+        .ignored_if(!leader_election),
+    ];
     let ids = Arc::new(Identities::new());
-    let mut trials = Vec::new();
-    {
-        let cp = cp.clone();
-        trials.push(trial(
-            names[0].0.clone(),
-            false,
-            Box::new(move || block_on(deploy_rbac_runs_the_cycle_with_health_metrics_and_logs(cp))),
-        ));
-    }
-    {
-        let cp = cp.clone();
-        trials.push(trial(
-            names[1].0.clone(),
-            !leader_election,
-            Box::new(move || block_on(leader_election_hands_over_with_deploy_rbac(cp))),
-        ));
-    }
-    for variant in variants {
-        let cp = cp.clone();
+    for variant in rbac.minus_one_variants(leader_election) {
         let ids = ids.clone();
-        let ignored = cp.is_attached();
-        trials.push(trial(
-            format!("without_{}", variant.name),
-            ignored,
-            Box::new(move || block_on(without(cp, ids, variant))),
-        ));
-    }
-    let conclusion = libtest_mimic::run(&args, trials);
-    if conclusion.has_failed() {
-        cp.mark_failed();
-        eprintln!(
-            "some operator tests failed; logs are in {} (kept with WP_KEEP_RUN_DIR=1)",
-            cp.run_dir().display()
+        let name = format!("without_{}", variant.name);
+        tests.push(
+            Test::new(name, move |cp| Box::pin(without(cp, ids, variant))).ignored_if(attached),
         );
     }
-    drop(cp);
-    conclusion.exit_code()
+    let suite = Suite {
+        what: "operator",
+        guests: &["scripted"],
+        timeout: Duration::from_secs(240),
+        one_at_a_time: false,
+    };
+    common::suite::run_suite(suite, tests)
 }

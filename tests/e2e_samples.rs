@@ -7,33 +7,28 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{DeleteParams, PostParams};
-use kube::{Api, Client, ResourceExt};
-use serde_json::json;
-use wp_harness::{ControlPlane, Process, wait_for};
+use kube::api::DeleteParams;
+use kube::{Api, ResourceExt};
+use wp_harness::{ControlPlane, Process};
 
+use common::e2e::{Fixture, affinity, pv_name, uid};
 use common::{PluginsDir, shipped_grant};
 
-const WAIT: Duration = Duration::from_secs(60);
-
-/// One test's world: namespace, provisioner name, the guest's storage, and its provisioner.
+/// One test's world: the fixture, the guest's storage, and its provisioner.
 struct World {
-    admin: Client,
-    name: String,
-    ns: String,
-    provisioner: String,
+    fx: Fixture,
     storage: tempfile::TempDir,
     _plugins: PluginsDir,
     process: Process,
 }
+
+fixture_world!(World);
 
 impl World {
     /// Starts `wasm-provisioner run` with guest `dir` and its shipped grant file, serving a
@@ -44,16 +39,7 @@ impl World {
         dir: &str,
         host_dir: &str,
     ) -> anyhow::Result<World> {
-        let admin = cp.admin_client().await?;
-        let ns = format!("samples-{name}");
-        Api::<Namespace>::all(admin.clone())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-            )
-            .await
-            .with_context(|| format!("create namespace {ns}"))?;
-        let provisioner = format!("samples.wasm-provisioner.dev/{name}");
+        let fx = Fixture::new(cp, "samples", name).await?;
         let storage = tempfile::tempdir()?;
         let storage_path = storage.path().display().to_string();
         let shipped_name = format!("\"wasm-provisioner.dev/{dir}\"");
@@ -61,103 +47,24 @@ impl World {
             dir,
             &[
                 (host_dir, storage_path.as_str()),
-                (shipped_name.as_str(), &format!("\"{provisioner}\"")),
+                (shipped_name.as_str(), &format!("\"{}\"", fx.provisioner)),
             ],
         );
         let plugins = PluginsDir::new();
         plugins.add(dir, &dir.replace('-', "_"), &grant);
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
-        cmd.args(["run", "--plugins"])
-            .arg(plugins.path())
-            .arg("--kubeconfig")
-            .arg(cp.provisioner_kubeconfig())
-            // One replica per test: no lease to elect.
-            .arg("--leader-election=false")
-            // The intent log lives where the provisioner's Role is (deploy/rbac.yaml).
+        let mut cmd = fx.provisioner_command(plugins.path(), fx.cp.provisioner_kubeconfig());
+        // One replica per test: no lease to elect. The intent log lives where the
+        // provisioner's Role is (deploy/rbac.yaml).
+        cmd.arg("--leader-election=false")
             .args(["--leader-election-namespace", "wasm-provisioner"])
-            .args([
-                "--retry-interval-start",
-                "300ms",
-                "--retry-interval-max",
-                "2s",
-            ])
-            .args(["--instance-name", name])
-            .env("RUST_LOG", "info,wasm_provisioner=debug");
-        let process = Process::spawn(cmd, cp.run_dir().join(format!("samples-{name}.log")))?;
+            .args(["--instance-name", name]);
+        let process = fx.spawn("provisioner", cmd)?;
         Ok(World {
-            admin,
-            name: name.into(),
-            ns,
-            provisioner,
+            fx,
             storage,
             _plugins: plugins,
             process,
         })
-    }
-
-    async fn create_class(
-        &self,
-        suffix: &str,
-        params: &[(&str, &str)],
-        binding: &str,
-        mount_options: &[&str],
-    ) -> anyhow::Result<String> {
-        let name = format!("samples-{}-{suffix}", self.name);
-        let params: BTreeMap<&str, &str> = params.iter().copied().collect();
-        let class: StorageClass = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "provisioner": self.provisioner,
-            "parameters": params,
-            "reclaimPolicy": "Delete",
-            "volumeBindingMode": binding,
-            "mountOptions": mount_options,
-        }))?;
-        Api::<StorageClass>::all(self.admin.clone())
-            .create(&PostParams::default(), &class)
-            .await?;
-        Ok(name)
-    }
-
-    /// A 1Gi ReadWriteOnce claim; `node` plays the scheduler's selected-node annotation.
-    async fn create_claim(
-        &self,
-        name: &str,
-        class: &str,
-        node: Option<&str>,
-    ) -> anyhow::Result<PersistentVolumeClaim> {
-        let annotations: BTreeMap<&str, &str> = node
-            .map(|n| ("volume.kubernetes.io/selected-node", n))
-            .into_iter()
-            .collect();
-        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": self.ns, "annotations": annotations},
-            "spec": {
-                "storageClassName": class,
-                "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": "1Gi"}},
-            }
-        }))?;
-        Ok(self.claims().create(&PostParams::default(), &claim).await?)
-    }
-
-    fn claims(&self) -> Api<PersistentVolumeClaim> {
-        Api::namespaced(self.admin.clone(), &self.ns)
-    }
-
-    fn pvs(&self) -> Api<PersistentVolume> {
-        Api::all(self.admin.clone())
-    }
-
-    async fn wait_bound(&self, claim: &str) -> anyhow::Result<PersistentVolume> {
-        let claims = self.claims();
-        let volume = wait_for(&format!("claim {claim} Bound"), WAIT, || async {
-            let c = claims.get(claim).await?;
-            let bound = c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
-            Ok(bound.then(|| c.spec.and_then(|s| s.volume_name)).flatten())
-        })
-        .await
-        .with_context(|| self.process.log())?;
-        Ok(self.pvs().get(&volume).await?)
     }
 
     /// Deletes the claim and waits until its PV is gone.
@@ -165,37 +72,12 @@ impl World {
         self.claims()
             .delete(claim, &DeleteParams::default())
             .await?;
-        let pvs = self.pvs();
-        wait_for(&format!("PV {pv} deleted"), WAIT, || async {
-            Ok(pvs.get_opt(pv).await?.is_none().then_some(()))
-        })
-        .await
-        .with_context(|| self.process.log())
+        self.wait_pv_gone(pv).await
     }
 
     fn path(&self, relative: &str) -> PathBuf {
         self.storage.path().join(relative.trim_start_matches('/'))
     }
-}
-
-fn uid(claim: &PersistentVolumeClaim) -> String {
-    claim.metadata.uid.clone().unwrap_or_default()
-}
-
-/// The PV's required node affinity as (key, values) pairs.
-fn affinity(pv: &PersistentVolume) -> Vec<(String, Vec<String>)> {
-    pv.spec
-        .as_ref()
-        .and_then(|s| s.node_affinity.as_ref())
-        .and_then(|a| a.required.as_ref())
-        .map(|r| {
-            r.node_selector_terms
-                .iter()
-                .flat_map(|t| t.match_expressions.iter().flatten())
-                .map(|e| (e.key.clone(), e.values.clone().unwrap_or_default()))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 const LOCAL_NODES: &str = "/var/lib/wasm-provisioner/local-path/nodes";
@@ -204,12 +86,15 @@ async fn local_path_binds_on_the_selected_node_and_deletes_the_directory(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
     let w = World::new(cp, "lp-bind", "local-path", LOCAL_NODES).await?;
-    let class = w
-        .create_class("wffc", &[], "WaitForFirstConsumer", &[])
+    let class = w.class("wffc").wait_for_first_consumer().create().await?;
+    let claim = w
+        .claim("data")
+        .class(&class)
+        .selected_node(Some("node-a"))
+        .create()
         .await?;
-    let claim = w.create_claim("data", &class, Some("node-a")).await?;
     let pv = w.wait_bound("data").await?;
-    ensure!(pv.name_any() == format!("pvc-{}", uid(&claim)));
+    ensure!(pv.name_any() == pv_name(&claim));
     let path = pv
         .spec
         .as_ref()
@@ -247,17 +132,19 @@ async fn local_path_binds_on_the_selected_node_and_deletes_the_directory(
 async fn local_path_local_volumes_and_a_gone_node(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
     let w = World::new(cp, "lp-local", "local-path", LOCAL_NODES).await?;
     let class = w
-        .create_class(
-            "local",
-            &[
-                ("volumeType", "local"),
-                ("pathPattern", "${pvc.namespace}/${pvc.name}"),
-            ],
-            "WaitForFirstConsumer",
-            &[],
-        )
+        .class("local")
+        .params(&[
+            ("volumeType", "local"),
+            ("pathPattern", "${pvc.namespace}/${pvc.name}"),
+        ])
+        .wait_for_first_consumer()
+        .create()
         .await?;
-    w.create_claim("data", &class, Some("node-b")).await?;
+    w.claim("data")
+        .class(&class)
+        .selected_node(Some("node-b"))
+        .create()
+        .await?;
     let pv = w.wait_bound("data").await?;
     let local = pv
         .spec
@@ -294,9 +181,11 @@ async fn nfs_subdir_binds_with_an_nfs_source_and_archives(
 ) -> anyhow::Result<()> {
     let w = World::new(cp, "nfs-archive", "nfs-subdir", NFS_EXPORT).await?;
     let class = w
-        .create_class("default", &[], "Immediate", &["nfsvers=4.1"])
+        .class("default")
+        .mount_options(&["nfsvers=4.1"])
+        .create()
         .await?;
-    let claim = w.create_claim("data", &class, None).await?;
+    let claim = w.claim("data").class(&class).create().await?;
     let pv = w.wait_bound("data").await?;
     let spec = pv.spec.clone().context("spec")?;
     let nfs = spec.nfs.context("nfs source")?;
@@ -326,28 +215,20 @@ async fn nfs_subdir_sub_folders_retain_and_delete_after_the_class_is_gone(
 ) -> anyhow::Result<()> {
     let w = World::new(cp, "nfs-ondelete", "nfs-subdir", NFS_EXPORT).await?;
     let pattern = ("pathPattern", "${pvc.namespace}/${pvc.name}");
-    let archive = w
-        .create_class("archive", &[pattern], "Immediate", &[])
-        .await?;
+    let archive = w.class("archive").params(&[pattern]).create().await?;
     let delete = w
-        .create_class(
-            "delete",
-            &[pattern, ("onDelete", "delete")],
-            "Immediate",
-            &[],
-        )
+        .class("delete")
+        .params(&[pattern, ("onDelete", "delete")])
+        .create()
         .await?;
     let retain = w
-        .create_class(
-            "retain",
-            &[("onDelete", "retain"), ("archiveOnDelete", "false")],
-            "Immediate",
-            &[],
-        )
+        .class("retain")
+        .params(&[("onDelete", "retain"), ("archiveOnDelete", "false")])
+        .create()
         .await?;
-    w.create_claim("archived", &archive, None).await?;
-    w.create_claim("deleted", &delete, None).await?;
-    let kept = w.create_claim("kept", &retain, None).await?;
+    w.claim("archived").class(&archive).create().await?;
+    w.claim("deleted").class(&delete).create().await?;
+    let kept = w.claim("kept").class(&retain).create().await?;
     let archived_pv = w.wait_bound("archived").await?;
     let deleted_pv = w.wait_bound("deleted").await?;
     let kept_pv = w.wait_bound("kept").await?;

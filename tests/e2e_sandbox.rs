@@ -4,61 +4,45 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, ensure};
-use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{ListParams, PostParams};
-use kube::{Api, Client};
-use serde_json::json;
-use wp_harness::{ControlPlane, Process, wait_for};
+use anyhow::ensure;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::Api;
+use wp_harness::{ControlPlane, Process};
 
+use common::e2e::{Fixture, uid};
 use common::{dir_grant, guest_wasm};
 
-const WAIT: Duration = Duration::from_secs(60);
-
-/// One test's world: a namespace, a plugins directory, storage roots and the provisioner.
+/// One test's world: the fixture, a plugins directory, storage roots and the provisioner.
 struct World {
-    cp: Arc<ControlPlane>,
-    admin: Client,
-    name: String,
-    ns: String,
+    fx: Fixture,
     root: tempfile::TempDir,
     plugins: PathBuf,
     process: Option<Process>,
 }
 
+fixture_world!(World);
+
 impl World {
     async fn new(cp: Arc<ControlPlane>, name: &str) -> anyhow::Result<World> {
-        let admin = cp.admin_client().await?;
-        let ns = format!("sandbox-{name}");
-        Api::<Namespace>::all(admin.clone())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-            )
-            .await
-            .with_context(|| format!("create namespace {ns}"))?;
+        let fx = Fixture::new(cp, "sandbox", name).await?;
         let root = tempfile::tempdir()?;
         let plugins = root.path().join("plugins");
         std::fs::create_dir(&plugins)?;
         Ok(World {
-            cp,
-            admin,
-            name: name.into(),
-            ns,
+            fx,
             root,
             plugins,
             process: None,
         })
     }
 
-    fn provisioner(&self, guest: &str) -> String {
-        format!("sandbox.wasm-provisioner.dev/{}-{guest}", self.name)
+    /// The provisioner name guest `guest` serves in this test.
+    fn provisioner_of(&self, guest: &str) -> String {
+        format!("{}-{guest}", self.provisioner)
     }
 
     fn storage(&self, guest: &str) -> PathBuf {
@@ -70,7 +54,7 @@ impl World {
         let storage = self.storage(name);
         std::fs::create_dir_all(&storage)?;
         Ok(dir_grant(
-            &self.provisioner(name),
+            &self.provisioner_of(name),
             &storage,
             "/state",
             limits,
@@ -91,29 +75,14 @@ impl World {
     }
 
     fn start(&mut self, extra: &[&str]) -> anyhow::Result<()> {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
-        cmd.args(["run", "--plugins"])
-            .arg(&self.plugins)
-            .arg("--kubeconfig")
-            .arg(self.cp.provisioner_kubeconfig())
-            // One replica per test: no lease to elect.
-            .arg("--leader-election=false")
-            // The intent log lives where the provisioner's Role is (deploy/rbac.yaml).
+        let mut cmd = self.provisioner_command(&self.plugins, self.cp.provisioner_kubeconfig());
+        // One replica per test: no lease to elect. The intent log lives where the
+        // provisioner's Role is (deploy/rbac.yaml).
+        cmd.arg("--leader-election=false")
             .args(["--leader-election-namespace", "wasm-provisioner"])
-            .args([
-                "--retry-interval-start",
-                "500ms",
-                "--retry-interval-max",
-                "2s",
-            ])
             .args(["--plugins-debounce", "200ms", "--instance-name", &self.name])
-            .args(extra)
-            .env("RUST_LOG", "info,wasm_provisioner=debug");
-        let log = self
-            .cp
-            .run_dir()
-            .join(format!("provisioner-sandbox-{}.log", self.name));
-        self.process = Some(Process::spawn(cmd, log)?);
+            .args(extra);
+        self.process = Some(self.spawn("provisioner", cmd)?);
         Ok(())
     }
 
@@ -133,52 +102,27 @@ impl World {
             / 1024
     }
 
+    /// A class `<ns>-<suffix>` served by guest `guest`.
     async fn create_class(
         &self,
         guest: &str,
         suffix: &str,
         params: &[(&str, &str)],
     ) -> anyhow::Result<String> {
-        let name = format!("{}-{suffix}", self.name);
-        let params: BTreeMap<&str, &str> = params.iter().copied().collect();
-        let class: StorageClass = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "provisioner": self.provisioner(guest),
-            "parameters": params,
-            "reclaimPolicy": "Delete",
-            "volumeBindingMode": "Immediate",
-        }))?;
-        Api::<StorageClass>::all(self.admin.clone())
-            .create(&PostParams::default(), &class)
-            .await?;
-        Ok(name)
+        self.class(suffix)
+            .provisioner(&self.provisioner_of(guest))
+            .params(params)
+            .create()
+            .await
     }
 
-    fn claims(&self) -> Api<PersistentVolumeClaim> {
-        Api::namespaced(self.admin.clone(), &self.ns)
-    }
-
+    /// Creates a claim and returns its UID.
     async fn create_claim(&self, name: &str, class: &str) -> anyhow::Result<String> {
-        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": self.ns},
-            "spec": {
-                "storageClassName": class,
-                "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": "1Gi"}},
-            }
-        }))?;
-        let created = self.claims().create(&PostParams::default(), &claim).await?;
-        Ok(created.metadata.uid.unwrap_or_default())
+        Ok(uid(&self.claim(name).class(class).create().await?))
     }
 
     async fn wait_bound(&self, claim: &str) -> anyhow::Result<()> {
-        let claims = self.claims();
-        wait_for(&format!("claim {claim} Bound"), WAIT, || async {
-            let c = claims.get(claim).await?;
-            Ok((c.status.and_then(|s| s.phase).as_deref() == Some("Bound")).then_some(()))
-        })
-        .await
-        .with_context(|| self.log())
+        self.fx.wait_bound(claim).await.map(drop)
     }
 
     /// Creates a claim and returns how long it took to be Bound.
@@ -187,31 +131,6 @@ impl World {
         self.create_claim(claim, class).await?;
         self.wait_bound(claim).await?;
         Ok(started.elapsed())
-    }
-
-    /// Waits for an event about the object with this UID whose reason and message match.
-    async fn wait_event(
-        &self,
-        uid: &str,
-        reason: &str,
-        contains: &[&str],
-    ) -> anyhow::Result<String> {
-        let events: Api<Event> = Api::all(self.admin.clone());
-        let params = ListParams::default().fields(&format!("involvedObject.uid={uid}"));
-        wait_for(
-            &format!("event {reason} with {contains:?}"),
-            WAIT,
-            || async {
-                Ok(events.list(&params).await?.items.into_iter().find_map(|e| {
-                    let message = e.message.unwrap_or_default();
-                    (e.reason.as_deref() == Some(reason)
-                        && contains.iter().all(|c| message.contains(c)))
-                    .then_some(message)
-                }))
-            },
-        )
-        .await
-        .with_context(|| self.log())
     }
 }
 
@@ -342,7 +261,7 @@ async fn plugins_change_under_a_running_controller(cp: Arc<ControlPlane>) -> any
     // Removed: the next claim waits with an event, and goes ahead once the guest is back; so
     // does the deletion of a released volume.
     std::fs::remove_file(w.plugins.join("live.wasm"))?;
-    wait_for("unload logged", WAIT, || async {
+    w.wait("unload logged", || async {
         Ok(w.log().contains("plugin unloaded").then_some(()))
     })
     .await?;
@@ -351,12 +270,16 @@ async fn plugins_change_under_a_running_controller(cp: Arc<ControlPlane>) -> any
     w.claims().delete("first", &Default::default()).await?;
     let released_uid = pvs.get(&released).await?.metadata.uid.unwrap_or_default();
     let message = w
-        .wait_event(&released_uid, "WaitingForGuest", &[&w.provisioner("live")])
+        .wait_event(
+            &released_uid,
+            "WaitingForGuest",
+            &[&w.provisioner_of("live")],
+        )
         .await?;
     println!("released while unloaded: {message}");
     let uid = w.create_claim("waiting", &class).await?;
     let message = w
-        .wait_event(&uid, "WaitingForGuest", &[&w.provisioner("live")])
+        .wait_event(&uid, "WaitingForGuest", &[&w.provisioner_of("live")])
         .await?;
     println!("while unloaded: {message}");
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -377,18 +300,14 @@ async fn plugins_change_under_a_running_controller(cp: Arc<ControlPlane>) -> any
         "guest back: waiting claim Bound {:?} after the file returned",
         back.elapsed()
     );
-    wait_for("the released volume deleted", WAIT, || async {
-        Ok(pvs.get_opt(&released).await?.is_none().then_some(()))
-    })
-    .await
-    .with_context(|| w.log())?;
+    w.wait_pv_gone(&released).await?;
 
     // A broken new version is refused and the old one keeps serving.
     std::fs::write(
         w.plugins.join("live.wasm"),
         b"\0asm definitely not a component",
     )?;
-    wait_for("rejection logged", WAIT, || async {
+    w.wait("rejection logged", || async {
         Ok(w.log()
             .contains("still serving the previous version")
             .then_some(()))
@@ -398,7 +317,7 @@ async fn plugins_change_under_a_running_controller(cp: Arc<ControlPlane>) -> any
 
     // A good new version (another build) replaces it.
     std::fs::copy(guest_wasm("hostpath"), w.plugins.join("live.wasm"))?;
-    wait_for("reload logged", WAIT, || async {
+    w.wait("reload logged", || async {
         Ok(w.log().contains("plugin reloaded").then_some(()))
     })
     .await?;

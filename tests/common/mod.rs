@@ -1,7 +1,9 @@
 //! Shared test fixtures: real guest `.wasm` files built from `guests/`, plugins directories,
-//! and contract records that read like the spec.
+//! and contract records that read like the spec; `e2e` and `suite` are the end-to-end fixture
+//! and runner every `tests/e2e*.rs` uses.
 #![allow(dead_code)]
 
+pub mod e2e;
 pub mod suite;
 
 use std::path::{Path, PathBuf};
@@ -72,6 +74,23 @@ impl PluginsDir {
         std::fs::write(self.path().join(format!("{name}.toml")), grant).expect("write grant");
         self
     }
+}
+
+/// A plugins directory with guest `crate_name`, serving `provisioner`, granted `storage` as
+/// `guest_dir` ([`dir_grant`]).
+pub fn dir_guest(
+    crate_name: &str,
+    provisioner: &str,
+    storage: &Path,
+    guest_dir: &str,
+) -> PluginsDir {
+    let plugins = PluginsDir::new();
+    plugins.add(
+        crate_name,
+        crate_name,
+        &dir_grant(provisioner, storage, guest_dir, ""),
+    );
+    plugins
 }
 
 /// A grant file for a guest with one read-write directory `storage` seen as `guest_dir`,

@@ -42,8 +42,9 @@ pub struct ControlPlane {
     admin_kubeconfig: PathBuf,
     provisioner_kubeconfig: PathBuf,
     restricted_kubeconfigs: Vec<PathBuf>,
-    /// `None` when attached to `WP_KUBECONFIG`.
-    local: Option<LocalComponents>,
+    /// `None` when attached to `WP_KUBECONFIG`. Behind a lock so a test sharing the control
+    /// plane can stop and start the API server.
+    local: Option<tokio::sync::Mutex<LocalComponents>>,
     /// Keeps the run dir on drop when `WP_KEEP_RUN_DIR=1`.
     failed: AtomicBool,
 }
@@ -172,21 +173,23 @@ impl ControlPlane {
 
     /// Kills the API server only (SIGTERM, SIGKILL after 5 s), for outage tests. etcd and
     /// kube-controller-manager keep running. Does nothing if it is already stopped.
-    pub async fn stop_apiserver(&mut self) -> anyhow::Result<()> {
-        self.local_mut("stop_apiserver")?.stop_apiserver().await
+    pub async fn stop_apiserver(&self) -> anyhow::Result<()> {
+        let mut local = self.local("stop_apiserver")?.lock().await;
+        local.stop_apiserver().await
     }
 
     /// Starts the API server again on the same port with the same arguments and waits until it
     /// is ready. Does nothing if it is running.
-    pub async fn start_apiserver(&mut self) -> anyhow::Result<()> {
-        self.local_mut("start_apiserver")?.start_apiserver().await
+    pub async fn start_apiserver(&self) -> anyhow::Result<()> {
+        let mut local = self.local("start_apiserver")?.lock().await;
+        local.start_apiserver().await
     }
 
     /// Kills every component by PID (SIGTERM, SIGKILL after 5 s). Idempotent; also run on drop.
     /// A no-op when attached to `WP_KUBECONFIG`.
     pub fn stop(&mut self) {
-        if let Some(mut local) = self.local.take() {
-            local.stop();
+        if let Some(local) = self.local.take() {
+            local.into_inner().stop();
         }
     }
 
@@ -197,8 +200,8 @@ impl ControlPlane {
         self.failed.store(true, Ordering::Relaxed);
     }
 
-    fn local_mut(&mut self, operation: &str) -> anyhow::Result<&mut LocalComponents> {
-        self.local.as_mut().with_context(|| {
+    fn local(&self, operation: &str) -> anyhow::Result<&tokio::sync::Mutex<LocalComponents>> {
+        self.local.as_ref().with_context(|| {
             format!("{operation} needs a local control plane; it is not possible when attached via {ATTACH_KUBECONFIG_ENV}")
         })
     }
@@ -222,7 +225,7 @@ impl ControlPlane {
         self.admin_kubeconfig = kubeconfigs.admin;
         self.provisioner_kubeconfig = kubeconfigs.provisioner;
         self.restricted_kubeconfigs = kubeconfigs.restricted;
-        self.local = Some(local);
+        self.local = Some(tokio::sync::Mutex::new(local));
         Ok(())
     }
 

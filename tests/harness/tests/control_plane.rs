@@ -114,7 +114,7 @@ async fn control_plane_binds_claims_to_external_provisioners_and_enforces_rbac()
 
 #[tokio::test]
 async fn apiserver_restarts_on_the_same_port_with_its_data() {
-    let mut control_plane = ControlPlane::start().await.expect("control plane starts");
+    let control_plane = ControlPlane::start().await.expect("control plane starts");
     if control_plane.is_attached() {
         eprintln!("attached to an existing cluster: cannot stop its API server");
         return;
