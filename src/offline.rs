@@ -12,7 +12,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use crate::controller::decide;
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionRequest};
 use crate::wasm::contract::ContractInfo;
-use crate::wasm::convert::{self, PvIdentity};
+use crate::controller::convert::{self, PvIdentity};
 use crate::wasm::runtime::hook_names;
 use crate::wasm::{Grants, Plugins, WasmEngine, load_dir};
 

@@ -31,7 +31,7 @@ use super::node::{ClaimOwner, Pin};
 use super::plan::{self, ClaimFacts, ClaimPlan, DeletedOwner, Reaction};
 use super::{Context, IntentRecord};
 use crate::wasm::bindings::types::{ProvisionError, ProvisionRequest};
-use crate::wasm::convert::{self, ConvertError, PvIdentity};
+use crate::controller::convert::{self, ConvertError, PvIdentity};
 use crate::wasm::{Availability, CallError, Guest, Plugins};
 
 /// Why a claim reconcile did not finish.
@@ -425,8 +425,13 @@ async fn call_guest(
         (IntentRecord::Log, Some(log)) => {
             let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
             handle.gate().await?;
-            log.record(uid, &Intent::new(&class.provisioner, &pv_name, pvc, class))
-                .await?;
+            let ahead = intents_ahead(handle, &ctx.plugins(), uid, log);
+            log.record(
+                uid,
+                &Intent::new(&class.provisioner, &pv_name, pvc, class),
+                ahead,
+            )
+            .await?;
             pvc.clone()
         }
         (IntentRecord::Log | IntentRecord::Off, _) => pvc.clone(),
@@ -483,6 +488,55 @@ async fn call_guest(
             .await;
     }
     cleanup::save_pv(handle, guest, &pvc, &pv, class).await
+}
+
+/// Claims recorded ahead per intent write at most.
+const AHEAD: usize = 64;
+
+/// Intents for the claims that will be provisioned next (ready as the plan sees them, not yet in
+/// the log): one intent write then covers a whole queue of claims instead of one. An intent for a
+/// claim that is then never provisioned is harmless: it is dropped once the claim is settled, and
+/// if the claim goes first, recovery asks its guest for (and deletes) whatever storage exists.
+fn intents_ahead(
+    handle: &Handle<'_>,
+    plugins: &Plugins,
+    current: &str,
+    log: &super::intent::IntentLog,
+) -> Vec<(String, Intent)> {
+    let ctx = handle.ctx();
+    let mut ahead = Vec::new();
+    for pvc in ctx.claims.state() {
+        if ahead.len() >= AHEAD {
+            break;
+        }
+        let Some(uid) = pvc.metadata.uid.as_deref() else {
+            continue;
+        };
+        if uid == current || log.holds(uid) {
+            continue;
+        }
+        let class = decide::claim_class(&pvc).and_then(|name| ctx.class(name));
+        let facts = Facts {
+            handle,
+            pvc: &pvc,
+            plugins,
+            class: class.clone(),
+        };
+        let ClaimPlan::Provision { provisioner, .. } = plan::plan_claim(&pvc, &facts) else {
+            continue;
+        };
+        let (Some(class), Some(pv)) = (class, decide::pv_name(&pvc)) else {
+            continue;
+        };
+        if ctx
+            .claim_book
+            .is_given_up(uid, claim_fingerprint(&pvc, ctx))
+        {
+            continue;
+        }
+        ahead.push((uid.to_string(), Intent::new(provisioner, &pv, &pvc, &class)));
+    }
+    ahead
 }
 
 /// Executes the reaction to a guest's typed refusal.

@@ -17,7 +17,7 @@ use super::gate::{GateError, LockKey};
 use super::handle::Handle;
 use super::intent::Intent;
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
-use crate::wasm::convert::{self, PvIdentity};
+use crate::controller::convert::{self, PvIdentity};
 use crate::wasm::{CallError, Guest};
 
 /// Saves the PV, retrying `--create-pv-retry-count` times; if it cannot be saved, its storage is

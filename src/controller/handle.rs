@@ -109,6 +109,13 @@ impl<'a> Handle<'a> {
         self.ctx.recent.was_created(pv)
     }
 
+    /// Whether we deleted the PV with this UID recently (its last updates may still arrive).
+    pub fn recently_deleted(&self, pv: &PersistentVolume) -> bool {
+        self.ctx
+            .recent
+            .was_deleted(pv.metadata.uid.as_deref().unwrap_or_default())
+    }
+
     /// Whether a PV of this name exists as far as the cache and our own writes tell.
     pub fn pv_known(&self, pv: &str) -> bool {
         self.ctx.volume(pv).is_some() || self.recently_created(pv)
@@ -232,11 +239,15 @@ impl<'a> Handle<'a> {
         };
         self.gate.check().await?;
         self.budget().await;
+        let uid = live.metadata.uid.as_deref().unwrap_or_default();
         match Api::<PersistentVolume>::all(self.ctx.client.clone())
             .delete(&live.name_any(), &params)
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                self.ctx.recent.deleted(uid);
+                Ok(true)
+            }
             Err(kube::Error::Api(status)) if status.is_not_found() => Ok(false),
             Err(error) => Err(error.into()),
         }
@@ -273,6 +284,8 @@ pub struct RecentWrites {
     created: Mutex<Expiring<()>>,
     /// Claims (by UID) whose finalizer we added (`true`) or removed (`false`).
     claim_finalizers: Mutex<Expiring<bool>>,
+    /// PVs (by UID) we deleted.
+    deleted: Mutex<Expiring<()>>,
 }
 
 impl RecentWrites {
@@ -282,6 +295,14 @@ impl RecentWrites {
 
     fn was_created(&self, pv: &str) -> bool {
         self.created.lock().expect("lock").get(pv).is_some()
+    }
+
+    fn deleted(&self, uid: &str) {
+        self.deleted.lock().expect("lock").insert(uid, ());
+    }
+
+    fn was_deleted(&self, uid: &str) -> bool {
+        self.deleted.lock().expect("lock").get(uid).is_some()
     }
 
     fn claim_finalizer_set(&self, uid: &str, present: bool) {
@@ -299,6 +320,7 @@ impl RecentWrites {
     pub fn len(&self) -> usize {
         self.created.lock().expect("lock").entries.len()
             + self.claim_finalizers.lock().expect("lock").entries.len()
+            + self.deleted.lock().expect("lock").entries.len()
     }
 
     /// Whether nothing is remembered.

@@ -89,6 +89,8 @@ struct LogState {
     flushed: u64,
     /// Removals not yet written.
     removals: bool,
+    /// Claim UID -> the generation that added it (it is durable once `flushed` reaches it).
+    entry_generation: std::collections::HashMap<String, u64>,
     /// Claims a reconcile of this process is working on now: it sees to them itself.
     fresh: std::collections::HashSet<String>,
     /// Our last write's resourceVersion (None: not written by this process yet).
@@ -96,6 +98,17 @@ struct LogState {
     /// The last write's error, for records waiting on it.
     error: Option<IntentError>,
 }
+
+impl LogState {
+    fn insert(&mut self, uid: &str, text: String, generation: u64) {
+        self.entries.insert(uid.to_string(), text);
+        self.entry_generation.insert(uid.to_string(), generation);
+    }
+}
+
+/// Entries one log holds at most (a ConfigMap holds 1 MiB; an entry is about 1 KiB): beyond it,
+/// intents are not recorded ahead, only for the claims being provisioned.
+const MAX_ENTRIES: usize = 512;
 
 /// This replica's intent log.
 pub struct IntentLog {
@@ -133,16 +146,40 @@ impl IntentLog {
         &self.name
     }
 
-    /// Records an intent durably: returns once a write holding it has succeeded.
-    pub async fn record(&self, uid: &str, intent: &Intent) -> Result<(), IntentError> {
-        let text = serde_json::to_string(intent).unwrap_or_default();
+    /// Records an intent durably: returns once a write holding it has succeeded. `ahead` are
+    /// intents for claims that will be provisioned soon (the queue behind this one): they ride on
+    /// the same write, so their own records later cost nothing. An intent already written
+    /// returns at once.
+    pub async fn record(
+        &self,
+        uid: &str,
+        intent: &Intent,
+        ahead: Vec<(String, Intent)>,
+    ) -> Result<(), IntentError> {
         let mut written = self.written.subscribe();
         let generation = {
             let mut state = self.state.lock().expect("lock");
-            state.entries.insert(uid.to_string(), text);
             state.fresh.insert(uid.to_string());
-            state.generation += 1;
-            state.generation
+            match state.entry_generation.get(uid).copied() {
+                Some(generation) if generation <= state.flushed => return Ok(()),
+                Some(generation) => generation,
+                None => {
+                    state.generation += 1;
+                    let generation = state.generation;
+                    let text = serde_json::to_string(intent).unwrap_or_default();
+                    state.insert(uid, text, generation);
+                    for (other, intent) in ahead {
+                        if state.entries.len() >= MAX_ENTRIES {
+                            break;
+                        }
+                        if !state.entries.contains_key(&other) {
+                            let text = serde_json::to_string(&intent).unwrap_or_default();
+                            state.insert(&other, text, generation);
+                        }
+                    }
+                    generation
+                }
+            }
         };
         self.wake.notify_one();
         loop {
@@ -164,10 +201,16 @@ impl IntentLog {
         }
     }
 
+    /// Whether the log holds an intent for `uid` (written or about to be).
+    pub fn holds(&self, uid: &str) -> bool {
+        self.state.lock().expect("lock").entries.contains_key(uid)
+    }
+
     /// Forgets an intent; written with the next record, or on its own after [`IDLE_FLUSH`].
     pub fn done(&self, uid: &str) {
         let mut state = self.state.lock().expect("lock");
         state.fresh.remove(uid);
+        state.entry_generation.remove(uid);
         if state.entries.remove(uid).is_some() {
             state.removals = true;
         }
@@ -219,7 +262,9 @@ impl IntentLog {
             match outcome {
                 Ok((version, adopted)) => {
                     for (uid, text) in adopted {
-                        state.entries.entry(uid).or_insert(text);
+                        if !state.entries.contains_key(&uid) {
+                            state.insert(&uid, text, 0);
+                        }
                     }
                     state.version = Some(version);
                     state.flushed = generation;

@@ -473,7 +473,7 @@ pub fn gate_open(deadline: Option<Instant>, now: Instant) -> bool {
 
 /// Campaigns for the whole-controller lease, renews it while held, and releases it when `stop`
 /// fires. Losing the lease closes the gate and goes back to campaigning: the watches stay warm,
-/// and a flaky API server does not turn into a restart loop (see README, "High availability").
+/// and a flaky API server does not turn into a restart loop (see docs/high-availability.md).
 pub async fn campaign(
     mut lock: LeaseLock,
     gate: Arc<LeaderGate>,

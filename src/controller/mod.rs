@@ -8,6 +8,7 @@
 pub mod bookkeeping;
 pub mod claims;
 mod cleanup;
+pub mod convert;
 pub mod decide;
 pub mod events;
 pub mod failures;

@@ -3,7 +3,6 @@
 pub mod bindings;
 pub mod cache;
 pub mod contract;
-pub mod convert;
 pub mod engine;
 pub mod errors;
 pub mod executor;

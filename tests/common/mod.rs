@@ -182,8 +182,8 @@ pub fn as_volume(
         provisioner: req.storage_class.provisioner.clone(),
         ..Default::default()
     };
-    let pv = wasm_provisioner::wasm::convert::persistent_volume(
-        &wasm_provisioner::wasm::convert::PvIdentity {
+    let pv = wasm_provisioner::controller::convert::persistent_volume(
+        &wasm_provisioner::controller::convert::PvIdentity {
             name: &req.pv_name,
             claim: &pvc,
             class: &class,
@@ -191,7 +191,7 @@ pub fn as_volume(
         },
         built,
     );
-    wasm_provisioner::wasm::convert::volume(&pv).unwrap()
+    wasm_provisioner::controller::convert::volume(&pv).unwrap()
 }
 
 /// The grant file shipped with guest `dir` (`guests/<dir>/<dir>.toml`), with each `(from, to)`

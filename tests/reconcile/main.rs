@@ -800,3 +800,25 @@ async fn node_mode_releases_a_deleted_claim_whose_node_is_gone() {
             .contains(&"ProvisioningAbandoned".to_string())
     );
 }
+
+#[tokio::test]
+async fn one_intent_write_covers_the_queue_of_claims_behind_it() {
+    let mut world = World::new(log_settings(), "");
+    world.class("fast", json!({}), json!({}));
+    let claims: Vec<_> = (0..8)
+        .map(|n| world.claim(claim_of(&format!("q{n}"), "fast", P)))
+        .collect();
+    let log = world.ctx.intents.clone().expect("log mode");
+    tokio::spawn(log.clone().run());
+    for pvc in &claims {
+        world.provision(pvc).await.expect("provisioned");
+    }
+    assert_eq!(
+        intent_writes(&world),
+        1,
+        "the first claim's write records the seven queued behind it"
+    );
+    for n in 0..8 {
+        assert!(world.api.get(&pv_path(&format!("pvc-u-q{n}"))).is_some());
+    }
+}

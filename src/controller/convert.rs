@@ -1,4 +1,5 @@
-//! Conversions between Kubernetes objects and the contract's plain records, both directions.
+//! Conversions between Kubernetes objects and the contract's plain records, both directions:
+//! the controller's side of the boundary (`src/wasm/` knows only the contract).
 
 use std::collections::BTreeMap;
 
@@ -7,13 +8,13 @@ use k8s_openapi::api::storage::v1::StorageClass as K8sStorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::bindings::types::{
+use crate::wasm::bindings::types::{
     AccessMode, BindingMode, Claim, CsiSource, HostPathSource, HostPathType, LocalSource,
     NfsSource, NodeSelectorOperator, NodeSelectorRequirement, NodeSelectorTerm, Pair,
     ReclaimPolicy, StorageClass, TopologyRequirement, TopologyTerm, Volume, VolumeMode,
     VolumeSource,
 };
-use super::spec::BuiltVolume;
+use crate::wasm::spec::BuiltVolume;
 
 /// Annotation naming the provisioner that created a PV.
 pub const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
