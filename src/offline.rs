@@ -9,10 +9,10 @@ use anyhow::{Context as _, bail};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 
+use crate::controller::convert::{self, PvIdentity};
 use crate::controller::decide;
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionRequest};
 use crate::wasm::contract::ContractInfo;
-use crate::controller::convert::{self, PvIdentity};
 use crate::wasm::runtime::hook_names;
 use crate::wasm::{Grants, Plugins, WasmEngine, load_dir};
 

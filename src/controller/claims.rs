@@ -30,8 +30,8 @@ use super::intent::{Intent, IntentError};
 use super::node::{ClaimOwner, Pin};
 use super::plan::{self, ClaimFacts, ClaimPlan, DeletedOwner, Reaction};
 use super::{Context, IntentRecord};
-use crate::wasm::bindings::types::{ProvisionError, ProvisionRequest};
 use crate::controller::convert::{self, ConvertError, PvIdentity};
+use crate::wasm::bindings::types::{ProvisionError, ProvisionRequest};
 use crate::wasm::{Availability, CallError, Guest, Plugins};
 
 /// Why a claim reconcile did not finish.

@@ -16,8 +16,8 @@ use super::events;
 use super::gate::{GateError, LockKey};
 use super::handle::Handle;
 use super::intent::Intent;
-use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
 use crate::controller::convert::{self, PvIdentity};
+use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
 use crate::wasm::{CallError, Guest};
 
 /// Saves the PV, retrying `--create-pv-retry-count` times; if it cannot be saved, its storage is

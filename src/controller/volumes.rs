@@ -17,8 +17,8 @@ use super::failures::fingerprint;
 use super::gate::{GateError, LockKey};
 use super::handle::Handle;
 use super::node::{self, VolumeOwner};
-use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
 use crate::controller::convert::{self, ConvertError};
+use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
 use crate::wasm::{Availability, CallError, Plugins};
 
 /// Why a volume reconcile did not finish.
