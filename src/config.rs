@@ -137,6 +137,10 @@ pub struct RunArgs {
     /// `--claim-finalizer=false` is `--intent-record=off` (kept for existing deployments).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", hide = true)]
     pub claim_finalizer: bool,
+    /// Keep every claim and PV whole in the caches, as an informer does (for comparisons; by
+    /// default settled ones are kept as their identity only).
+    #[arg(long, default_value_t = false, hide = true)]
+    pub cache_whole_objects: bool,
     /// How long in-flight work may take to finish after SIGTERM.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
@@ -395,6 +399,7 @@ impl RunArgs {
             provision_timeout: self.provision_timeout,
             delete_timeout: self.delete_timeout,
             add_pv_finalizer: self.add_pv_finalizer,
+            cache_whole_objects: self.cache_whole_objects,
             intent: self.intent(),
             kube_api_qps: self.kube_api_qps,
             kube_api_burst: self.kube_api_burst,

@@ -20,6 +20,7 @@ use serde_json::json;
 use tracing::info_span;
 
 use super::bookkeeping::{Done, Failure, Operation, Tracked, busy_wait};
+use super::cache::{self, CachedClaim};
 use super::cleanup;
 use super::decide::{self, FINALIZER_CLAIM, Serving};
 use super::events;
@@ -159,22 +160,48 @@ fn claim_fingerprint(pvc: &PersistentVolumeClaim, ctx: &Context) -> u64 {
 
 /// Claims that name `class` and are still unbound: re-checked when the class appears or changes.
 pub fn claims_of_class(
-    claims: &Store<PersistentVolumeClaim>,
+    claims: &Store<CachedClaim>,
     class: &StorageClass,
-) -> Vec<ObjectRef<PersistentVolumeClaim>> {
+) -> Vec<ObjectRef<CachedClaim>> {
     let name = class.name_any();
     claims
         .state()
         .iter()
-        .filter(|c| decide::claim_class(c) == Some(name.as_str()))
-        .filter(|c| {
-            c.spec
-                .as_ref()
-                .and_then(|s| s.volume_name.as_ref())
-                .is_none()
+        .filter(|cached| {
+            cached.whole().is_some_and(|c| {
+                decide::claim_class(c) == Some(name.as_str())
+                    && c.spec
+                        .as_ref()
+                        .and_then(|s| s.volume_name.as_ref())
+                        .is_none()
+            })
         })
         .map(|c| ObjectRef::from_obj(c.as_ref()))
         .collect()
+}
+
+/// The controller's entry: a settled claim (bound, no finalizer of ours) has nothing to do, so
+/// only a whole one is reconciled.
+pub async fn reconcile_cached(
+    cached: Arc<CachedClaim>,
+    ctx: Arc<Context>,
+) -> Result<Action, ClaimError> {
+    match cached.whole() {
+        Some(pvc) => reconcile(pvc.clone(), ctx).await,
+        None => Ok(Action::await_change()),
+    }
+}
+
+/// The controller's requeue policy (only whole claims can fail).
+pub fn error_policy_cached(
+    cached: Arc<CachedClaim>,
+    error: &ClaimError,
+    ctx: Arc<Context>,
+) -> Action {
+    match cached.whole() {
+        Some(pvc) => error_policy(pvc.clone(), error, ctx),
+        None => Action::await_change(),
+    }
 }
 
 /// Reconciles one claim: opens its gate scope, then runs [`provision`] with the shared bookkeeping.
@@ -478,13 +505,14 @@ async fn call_guest(
     // within a watch event; if the cache lags, the PV is created and reclaimed as Released.
     let cached = ctx
         .claims
-        .get(&ObjectRef::from_obj(&pvc))
-        .filter(|c| c.metadata.uid == pvc.metadata.uid);
+        .get(&cache::key_of(&pvc))
+        .filter(|c| c.meta().uid == pvc.metadata.uid);
     if cached
         .as_ref()
-        .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
+        .is_none_or(|c| c.meta().deletion_timestamp.is_some())
     {
-        return cleanup::abandon_deleted_while_provisioning(handle, guest, &pv, class, cached)
+        let deleting = cached.and_then(|c| c.whole().cloned());
+        return cleanup::abandon_deleted_while_provisioning(handle, guest, &pv, class, deleting)
             .await;
     }
     cleanup::save_pv(handle, guest, &pvc, &pv, class).await
@@ -505,7 +533,7 @@ fn intents_ahead(
 ) -> Vec<(String, Intent)> {
     let ctx = handle.ctx();
     let mut ahead = Vec::new();
-    for pvc in ctx.claims.state() {
+    for pvc in ctx.claims.state().iter().filter_map(|c| c.whole()) {
         if ahead.len() >= AHEAD {
             break;
         }
@@ -515,26 +543,23 @@ fn intents_ahead(
         if uid == current || log.holds(uid) {
             continue;
         }
-        let class = decide::claim_class(&pvc).and_then(|name| ctx.class(name));
+        let class = decide::claim_class(pvc).and_then(|name| ctx.class(name));
         let facts = Facts {
             handle,
-            pvc: &pvc,
+            pvc,
             plugins,
             class: class.clone(),
         };
-        let ClaimPlan::Provision { provisioner, .. } = plan::plan_claim(&pvc, &facts) else {
+        let ClaimPlan::Provision { provisioner, .. } = plan::plan_claim(pvc, &facts) else {
             continue;
         };
-        let (Some(class), Some(pv)) = (class, decide::pv_name(&pvc)) else {
+        let (Some(class), Some(pv)) = (class, decide::pv_name(pvc)) else {
             continue;
         };
-        if ctx
-            .claim_book
-            .is_given_up(uid, claim_fingerprint(&pvc, ctx))
-        {
+        if ctx.claim_book.is_given_up(uid, claim_fingerprint(pvc, ctx)) {
             continue;
         }
-        ahead.push((uid.to_string(), Intent::new(provisioner, &pv, &pvc, &class)));
+        ahead.push((uid.to_string(), Intent::new(provisioner, &pv, pvc, &class)));
     }
     ahead
 }

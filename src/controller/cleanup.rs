@@ -376,12 +376,10 @@ async fn recover_one(handle: &Handle<'_>, intent: &Intent) -> Result<bool, Claim
     // The claim cache is synced before recovery runs, and a claim a guest was called for was
     // in some replica's cache: absent from ours (by UID) means gone.
     let claim = &intent.claim;
-    let live = handle
-        .ctx()
-        .claims
-        .get(&kube::runtime::reflector::ObjectRef::from_obj(claim));
+    let live = handle.ctx().claims.get(&super::cache::key_of(claim));
     if live.is_some_and(|c| {
-        c.metadata.uid == claim.metadata.uid && c.metadata.deletion_timestamp.is_none()
+        let meta = c.meta();
+        meta.uid == claim.metadata.uid && meta.deletion_timestamp.is_none()
     }) {
         return Ok(false);
     }

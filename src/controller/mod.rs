@@ -6,6 +6,7 @@
 //! while in flight.
 
 pub mod bookkeeping;
+pub mod cache;
 pub mod claims;
 mod cleanup;
 pub mod convert;
@@ -26,14 +27,15 @@ pub mod volumes;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Client;
+use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::metrics::{Metrics, Queue};
 use crate::wasm::Plugins;
 use bookkeeping::Book;
+use cache::{CachedClaim, CachedVolume};
 use handle::RecentWrites;
 use inflight::InFlight;
 use ratelimit::RateLimiter;
@@ -71,6 +73,8 @@ pub struct Settings {
     pub delete_timeout: Duration,
     /// Manage the library's PV finalizer.
     pub add_pv_finalizer: bool,
+    /// Keep settled claims and PVs whole in the caches (see [`cache`]).
+    pub cache_whole_objects: bool,
     /// How provisioning intent is recorded before a guest call (leak protection).
     pub intent: IntentRecord,
     /// Client-side API request rate.
@@ -103,6 +107,7 @@ impl Default for Settings {
             provision_timeout: Duration::from_secs(300),
             delete_timeout: Duration::from_secs(300),
             add_pv_finalizer: false,
+            cache_whole_objects: false,
             intent: IntentRecord::Log,
             kube_api_qps: 50.0,
             kube_api_burst: 100,
@@ -137,10 +142,10 @@ pub struct Context {
     plugins: RwLock<Arc<Plugins>>,
     /// StorageClass cache.
     pub classes: Store<StorageClass>,
-    /// PersistentVolume cache.
-    pub volumes: Store<PersistentVolume>,
-    /// PersistentVolumeClaim cache.
-    pub claims: Store<PersistentVolumeClaim>,
+    /// PersistentVolume cache (settled PVs as their identity only).
+    pub volumes: Store<CachedVolume>,
+    /// PersistentVolumeClaim cache (settled claims as their identity only).
+    pub claims: Store<CachedClaim>,
     /// Event publisher.
     pub recorder: events::Recorder,
     /// Settings.
@@ -170,9 +175,9 @@ pub struct Caches {
     /// StorageClasses.
     pub classes: Store<StorageClass>,
     /// PersistentVolumes.
-    pub volumes: Store<PersistentVolume>,
+    pub volumes: Store<CachedVolume>,
     /// PersistentVolumeClaims.
-    pub claims: Store<PersistentVolumeClaim>,
+    pub claims: Store<CachedClaim>,
 }
 
 impl Context {
@@ -241,7 +246,7 @@ impl Context {
     }
 
     /// Looks up a PV in the cache.
-    pub fn volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+    pub fn volume(&self, name: &str) -> Option<Arc<CachedVolume>> {
         self.volumes.get(&ObjectRef::new(name))
     }
 
@@ -252,13 +257,13 @@ impl Context {
             .claims
             .state()
             .iter()
-            .filter_map(|c| c.metadata.uid.clone())
+            .filter_map(|c| c.meta().uid.clone())
             .collect();
         let volumes: std::collections::HashSet<String> = self
             .volumes
             .state()
             .iter()
-            .filter_map(|v| v.metadata.name.clone())
+            .filter_map(|v| v.meta().name.clone())
             .collect();
         self.claim_book.retain(|uid| claims.contains(uid));
         self.volume_book.retain(|name| volumes.contains(name));

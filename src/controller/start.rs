@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
+use super::cache::{self, Cached, CachedClaim, CachedVolume};
 use super::{Caches, Context, Settings, claims, events, gate, leader, node, volumes};
 use crate::metrics::Metrics;
 use crate::wasm::Plugins;
@@ -70,18 +70,24 @@ pub async fn run_watching(
             futures::future::ready(())
         });
 
-    let pv_api: Api<PersistentVolume> = Api::all(client.clone());
-    let pvc_api: Api<PersistentVolumeClaim> = Api::all(client.clone());
+    let pv_api: Api<CachedVolume> = Api::all(client.clone());
+    let pvc_api: Api<CachedClaim> = Api::all(client.clone());
     let controller_config = ControllerConfig::default().concurrency(settings.worker_threads);
-    let (volumes, volume_writer) = reflector::store::<PersistentVolume>();
-    let volume_controller =
-        Controller::for_stream(slim_watch(pv_api, volume_writer), volumes.clone())
-            .with_config(controller_config.clone());
+    let whole = settings.cache_whole_objects;
+    let finalizer_mode = settings.add_pv_finalizer;
+    let (volumes, volume_writer) = reflector::store::<CachedVolume>();
+    let volume_watch = cached_watch(pv_api, volume_writer, move |pv| {
+        !whole && cache::volume_settled(pv, finalizer_mode)
+    });
+    let volume_controller = Controller::for_stream(volume_watch, volumes.clone())
+        .with_config(controller_config.clone());
     let volumes_ready = volumes.clone();
-    let (claims, claim_writer) = reflector::store::<PersistentVolumeClaim>();
+    let (claims, claim_writer) = reflector::store::<CachedClaim>();
+    let claim_watch = cached_watch(pvc_api, claim_writer, move |pvc| {
+        !whole && cache::claim_settled(pvc)
+    });
     let claim_controller =
-        Controller::for_stream(slim_watch(pvc_api, claim_writer), claims.clone())
-            .with_config(controller_config);
+        Controller::for_stream(claim_watch, claims.clone()).with_config(controller_config);
 
     let ctx = Arc::new(Context::new(
         client.clone(),
@@ -175,7 +181,7 @@ pub async fn run_watching(
         ))
         .reconcile_all_on(gained(&election))
         .graceful_shutdown_on(shutdown_signal(shutdown_rx.clone()))
-        .run(claims::reconcile, claims::error_policy, ctx.clone())
+        .run(claims::reconcile_cached, claims::error_policy_cached, ctx.clone())
         .for_each(|result| async move {
             match result {
                 // A broken watch stops all work: say so where operators look.
@@ -195,7 +201,7 @@ pub async fn run_watching(
         .reconcile_all_on(node_deleted)
         .reconcile_all_on(gained(&election))
         .graceful_shutdown_on(shutdown_signal(shutdown_rx.clone()))
-        .run(volumes::reconcile, volumes::error_policy, ctx.clone())
+        .run(volumes::reconcile_cached, volumes::error_policy_cached, ctx.clone())
         .for_each(|result| async move {
             match result {
                 Err(error @ kube::runtime::controller::Error::QueueError(_)) => {
@@ -432,11 +438,13 @@ fn resync_ticks(period: Duration) -> impl futures::Stream<Item = ()> + Send + 's
     )
 }
 
-/// The watch behind a controller's cache, with every object slimmed before it is stored.
-fn slim_watch<K>(
-    api: Api<K>,
-    writer: reflector::store::Writer<K>,
-) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
+/// The watch behind a controller's cache: every object slimmed, and settled down to its identity
+/// when `settled` says it needs no work (see [`cache`]).
+fn cached_watch<K>(
+    api: Api<Cached<K>>,
+    writer: reflector::store::Writer<Cached<K>>,
+    settled: impl Fn(&K) -> bool + Send + 'static,
+) -> impl futures::Stream<Item = Result<Cached<K>, watcher::Error>> + Send + 'static
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -448,7 +456,10 @@ where
 {
     watcher(api, watcher::Config::default())
         .default_backoff()
-        .modify(slim)
+        .modify(move |cached| {
+            cached.settle(&settled);
+            slim(cached);
+        })
         .reflect(writer)
         .applied_objects()
 }
@@ -470,6 +481,7 @@ pub fn slim<K: kube::Resource>(object: &mut K) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 
     #[test]

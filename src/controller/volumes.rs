@@ -11,6 +11,7 @@ use tracing::info_span;
 
 use super::Context;
 use super::bookkeeping::{Done, Failure, Operation, Tracked};
+use super::cache::CachedVolume;
 use super::decide::{self, FINALIZER_PV, has_finalizer};
 use super::events;
 use super::failures::fingerprint;
@@ -115,6 +116,30 @@ pub async fn reconcile(
 pub fn error_policy(pv: Arc<PersistentVolume>, error: &VolumeError, ctx: Arc<Context>) -> Action {
     ctx.volume_book
         .requeue(&ctx, &pv.name_any(), volume_fingerprint(&pv), error)
+}
+
+/// The controller's entry: a settled PV (bound, finalizers in place) has nothing to do, so only
+/// a whole one is reconciled.
+pub async fn reconcile_cached(
+    cached: Arc<CachedVolume>,
+    ctx: Arc<Context>,
+) -> Result<Action, VolumeError> {
+    match cached.whole() {
+        Some(pv) => reconcile(pv.clone(), ctx).await,
+        None => Ok(Action::await_change()),
+    }
+}
+
+/// The controller's requeue policy (only whole PVs can fail).
+pub fn error_policy_cached(
+    cached: Arc<CachedVolume>,
+    error: &VolumeError,
+    ctx: Arc<Context>,
+) -> Action {
+    match cached.whole() {
+        Some(pv) => error_policy(pv.clone(), error, ctx),
+        None => Action::await_change(),
+    }
 }
 
 async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, VolumeError> {

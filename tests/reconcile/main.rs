@@ -12,11 +12,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
+use kube::Resource;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use wasm_provisioner::controller::bookkeeping::Failure;
+use wasm_provisioner::controller::cache::{self, CachedClaim, CachedVolume};
 use wasm_provisioner::controller::claims::{self, ClaimError};
 use wasm_provisioner::controller::decide::{ANN_CLASS_RECORD, FINALIZER_CLAIM, FINALIZER_PV};
 use wasm_provisioner::controller::gate::Mode;
@@ -28,14 +30,28 @@ use wasm_provisioner::wasm::{WasmEngine, load_dir};
 use common::{PluginsDir, dir_grant};
 use fake_api::FakeApi;
 
+/// A claim as the controller's watch caches it (settled down to its identity once bound).
+fn cached_claim(pvc: PersistentVolumeClaim) -> CachedClaim {
+    let mut cached = CachedClaim::from(pvc);
+    cached.settle(cache::claim_settled);
+    cached
+}
+
+/// A PV as the controller's watch caches it (default settings: no PV finalizer mode).
+fn cached_volume(pv: PersistentVolume) -> CachedVolume {
+    let mut cached = CachedVolume::from(pv);
+    cached.settle(|pv| cache::volume_settled(pv, false));
+    cached
+}
+
 const P: &str = "reconcile.wasm-provisioner.dev/scripted";
 const NS: &str = "ns";
 
 struct World {
     api: FakeApi,
     ctx: Arc<Context>,
-    claims: Writer<PersistentVolumeClaim>,
-    volumes: Writer<PersistentVolume>,
+    claims: Writer<CachedClaim>,
+    volumes: Writer<CachedVolume>,
     classes: Writer<StorageClass>,
     storage: tempfile::TempDir,
     _plugins: PluginsDir,
@@ -123,7 +139,7 @@ impl World {
         let stored = self.api.get(&claim_path(&name)).unwrap();
         let pvc: PersistentVolumeClaim = serde_json::from_value(stored).expect("claim");
         self.claims
-            .apply_watcher_event(&watcher::Event::Apply(pvc.clone()));
+            .apply_watcher_event(&watcher::Event::Apply(cached_claim(pvc.clone())));
         Arc::new(pvc)
     }
 
@@ -133,7 +149,7 @@ impl World {
             serde_json::from_value(self.api.get(&claim_path(name)).expect("claim stored"))
                 .expect("claim");
         self.claims
-            .apply_watcher_event(&watcher::Event::Apply(pvc.clone()));
+            .apply_watcher_event(&watcher::Event::Apply(cached_claim(pvc.clone())));
         Arc::new(pvc)
     }
 
@@ -143,7 +159,7 @@ impl World {
         let stored: PersistentVolume =
             serde_json::from_value(self.api.get(&pv_path(&name)).unwrap()).unwrap();
         self.volumes
-            .apply_watcher_event(&watcher::Event::Apply(stored.clone()));
+            .apply_watcher_event(&watcher::Event::Apply(cached_volume(stored.clone())));
         Arc::new(stored)
     }
 
@@ -295,6 +311,54 @@ async fn ten_thousand_foreign_claims_and_volumes_leave_no_trace() {
     assert_eq!(world.ctx.recorder.queued(), 0, "event queue");
     assert_eq!(world.ctx.recorder.series_len(), 0, "event series");
     assert_eq!(world.ctx.recent.len(), 0, "recent writes");
+}
+
+#[tokio::test]
+async fn settled_claims_and_volumes_are_cached_as_identity_and_need_no_requests() {
+    let mut world = World::new(settings(), "");
+    world.class("fast", json!({}), json!({}));
+    let mut bound = claim_of("data", "fast", P);
+    bound["spec"]["volumeName"] = json!("pvc-uid-data");
+    let pvc = world.claim(bound);
+    let pv = world.volume(json!({
+        "metadata": {"name": "pvc-uid-data", "uid": "uid-pv",
+                     "annotations": {"pv.kubernetes.io/provisioned-by": P}},
+        "spec": {"persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
+                 "hostPath": {"path": "/x"}},
+        "status": {"phase": "Bound"}
+    }));
+    let cached_claim = world.ctx.claims.get(&cache::key_of(&*pvc)).expect("cached");
+    let cached_pv = world.ctx.volume("pvc-uid-data").expect("cached");
+    assert!(
+        cached_claim.whole().is_none(),
+        "a bound claim is kept as its identity"
+    );
+    assert!(
+        cached_pv.whole().is_none(),
+        "a bound PV is kept as its identity"
+    );
+    assert_eq!(cached_claim.meta().uid, pvc.metadata.uid);
+    // The class changes: only unbound claims are re-checked, and the settled ones cost nothing.
+    assert!(
+        claims::claims_of_class(&world.ctx.claims, &world.ctx.class("fast").unwrap()).is_empty()
+    );
+    claims::reconcile_cached(cached_claim, world.ctx.clone())
+        .await
+        .expect("settled claim");
+    volumes::reconcile_cached(cached_pv, world.ctx.clone())
+        .await
+        .expect("settled volume");
+    assert!(world.api.requests().is_empty(), "{:?}", world.api.calls());
+    // Released: the watch brings the whole PV again, and the delete path runs on it.
+    let mut released = (*pv).clone();
+    released.status.as_mut().unwrap().phase = Some("Released".into());
+    let released = world.volume(serde_json::to_value(&released).unwrap());
+    let cached_pv = world.ctx.volume("pvc-uid-data").expect("cached");
+    assert_eq!(
+        cached_pv.whole(),
+        Some(&released),
+        "a released PV is kept whole"
+    );
 }
 
 #[tokio::test]
@@ -735,7 +799,7 @@ async fn a_claim_deleted_between_attempts_is_recovered_by_the_same_process() {
     world.api.remove(&claim_path("data"));
     world
         .claims
-        .apply_watcher_event(&watcher::Event::Delete((*pvc).clone()));
+        .apply_watcher_event(&watcher::Event::Delete(cached_claim((*pvc).clone())));
     let settled = wasm_provisioner::controller::recover_intents(&world.ctx)
         .await
         .expect("recovered");
@@ -782,7 +846,7 @@ async fn node_mode_releases_a_deleted_claim_whose_node_is_gone() {
     gone["metadata"]["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
     gone["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] = json!("n2");
     let pvc = world.claim(gone);
-    claims.apply_watcher_event(&watcher::Event::Apply((*pvc).clone()));
+    claims.apply_watcher_event(&watcher::Event::Apply(cached_claim((*pvc).clone())));
     claims::reconcile(pvc, ctx.clone()).await.expect("released");
     assert!(
         world.finalizers("data").is_empty(),
