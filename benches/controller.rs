@@ -4,11 +4,12 @@
 //!   provisioner with the hostpath guest, next to the API server's raw rate for the same client
 //!   settings (N PVs created and deleted directly with the same QPS, burst and concurrency);
 //! * API requests per claim, read from kube-apiserver's own request counters;
-//! * memory: the provisioner's RSS once its caches hold M claims and M PVs with three guests;
+//! * memory: the provisioner's RSS with three guests, in an empty cluster and once its caches hold
+//!   M claims bound to M PVs (settled to their identity, and whole as an informer keeps them);
 //! * start-up: process start to "controller started".
 //!
 //! `WP_BENCH_CLAIMS` (default 1000) and `WP_BENCH_OBJECTS` (default 10000) size the runs;
-//! `WP_BENCH_PARTS` (default `throughput,memory`) picks the parts; `WP_BENCH_PROFILES` (indexes,
+//! `WP_BENCH_RUNS` (default 3) processes per memory figure; `WP_BENCH_PARTS` (default `throughput,memory`) picks the parts; `WP_BENCH_PROFILES` (indexes,
 //! default all) picks the client profiles.
 //! Nothing is asserted; figures go to stdout.
 
@@ -357,13 +358,49 @@ fn rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
-/// RSS with M claims and M PVs in the caches and three guests loaded; also start-up time.
-async fn memory_run(
+/// One provisioner process over `plugins` until its RSS settles: (start to "controller started",
+/// settled RSS in KiB).
+async fn settled_rss(
     cp: &ControlPlane,
-    admin: &Client,
-    m: usize,
-) -> anyhow::Result<(u64, Duration, Duration, Duration)> {
-    let ns = "bench-memory";
+    plugins: &Path,
+    cache: &Path,
+    extra: &[&str],
+    tag: &str,
+) -> anyhow::Result<(Duration, u64)> {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
+    cmd.args(["run", "--plugins"])
+        .arg(plugins)
+        .arg("--module-cache")
+        .arg(cache)
+        .arg("--kubeconfig")
+        .arg(cp.admin_kubeconfig())
+        .args(["--leader-election=false"])
+        .args(extra)
+        .env("RUST_LOG", "info");
+    let start = Instant::now();
+    let mut process = Process::spawn(cmd, cp.run_dir().join(format!("bench-memory-{tag}.log")))?;
+    wait_for("controller started", Duration::from_secs(120), || async {
+        Ok(process.log().contains("controller started").then_some(()))
+    })
+    .await?;
+    let started = start.elapsed();
+    // The claim and PV caches fill after start; RSS has settled once it moved < 512 KiB in 5 s.
+    let (mut last, mut settled) = (0, Instant::now());
+    while settled.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = rss_kib(process.pid()).unwrap_or(0);
+        if now.abs_diff(last) > 512 {
+            settled = Instant::now();
+        }
+        last = now;
+    }
+    process.terminate()?;
+    Ok((started, last))
+}
+
+/// M claims bound to M PVs (pre-bound both ways; kube-controller-manager completes the binding),
+/// as in a cluster whose volumes are all in use. Returns how many claims are Bound.
+async fn bound_pairs(admin: &Client, ns: &str, m: usize) -> anyhow::Result<usize> {
     Api::<Namespace>::all(admin.clone())
         .create(
             &PostParams::default(),
@@ -376,63 +413,59 @@ async fn memory_run(
         .map(|i| {
             let (claims, pvs) = (claims.clone(), pvs.clone());
             async move {
+                let name = format!("m{i}");
                 let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-                    "metadata": {"name": format!("m{i}"), "labels": {"app": "bench"}},
-                    "spec": {"storageClassName": "not-ours", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+                    "metadata": {"name": name, "labels": {"app": "bench"}},
+                    "spec": {"storageClassName": "raw-bench", "volumeName": format!("mem-{i}"),
+                             "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
                 }))?;
                 claims.create(&PostParams::default(), &claim).await?;
-                pvs.create(&PostParams::default(), &pv(&format!("mem-{i}"))).await?;
+                let mut volume = pv(&format!("mem-{i}"));
+                volume.spec.as_mut().expect("spec").claim_ref = Some(serde_json::from_value(
+                    json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1", "namespace": ns, "name": name}),
+                )?);
+                pvs.create(&PostParams::default(), &volume).await?;
                 anyhow::Ok(())
             }
         })
         .buffer_unordered(64)
         .try_collect::<Vec<()>>()
         .await?;
-    let storage = tempfile::tempdir()?;
-    let plugins = tempfile::tempdir()?;
-    let cache = tempfile::tempdir()?;
-    plugins_with(
-        plugins.path(),
-        storage.path(),
-        &["guest-a", "guest-b", "guest-c"],
-    );
-    // Twice with one module cache: the first start compiles (cold), the second deserializes.
-    let mut starts = Vec::new();
-    let mut last = 0;
-    let mut loaded = Duration::ZERO;
-    for run in ["cold", "warm"] {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
-        cmd.args(["run", "--plugins"])
-            .arg(plugins.path())
-            .arg("--module-cache")
-            .arg(cache.path())
-            .arg("--kubeconfig")
-            .arg(cp.admin_kubeconfig())
-            .args(["--leader-election=false"])
-            .env("RUST_LOG", "info");
-        let start = Instant::now();
-        let mut process =
-            Process::spawn(cmd, cp.run_dir().join(format!("bench-memory-{run}.log")))?;
-        wait_for("controller started", Duration::from_secs(120), || async {
-            Ok(process.log().contains("controller started").then_some(()))
-        })
-        .await?;
-        starts.push(start.elapsed());
-        // The claim and PV reflectors fill after start; wait for RSS to settle.
-        let mut settled = Instant::now();
-        while settled.elapsed() < Duration::from_secs(5) {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let now = rss_kib(process.pid()).unwrap_or(0);
-            if now.abs_diff(last) > 512 {
-                settled = Instant::now();
-            }
-            last = now;
+    let deadline = Instant::now() + Duration::from_secs(900);
+    loop {
+        let bound = claims
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+            .count();
+        if bound >= m || Instant::now() > deadline {
+            return Ok(bound);
         }
-        loaded = start.elapsed();
-        process.terminate()?;
+        tokio::time::sleep(Duration::from_secs(5)).await;
     }
-    let (ready, warm) = (starts[0], starts[1]);
-    Ok((last, ready, warm, loaded))
+}
+
+/// Settled RSS over `runs` processes: (min, median, max) in KiB.
+async fn rss_runs(
+    cp: &ControlPlane,
+    plugins: &Path,
+    cache: &Path,
+    extra: &[&str],
+    tag: &str,
+    runs: usize,
+) -> anyhow::Result<[u64; 3]> {
+    let mut all = Vec::new();
+    for run in 0..runs {
+        all.push(
+            settled_rss(cp, plugins, cache, extra, &format!("{tag}-{run}"))
+                .await?
+                .1,
+        );
+    }
+    all.sort_unstable();
+    Ok([all[0], all[all.len() / 2], all[all.len() - 1]])
 }
 
 #[tokio::main]
@@ -494,24 +527,64 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
 }
 
 async fn memory(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<()> {
-    let (rss, ready, warm, settled) = memory_run(cp, admin, m).await?;
-    println!(
-        "\nmemory and start-up: {m} claims + {m} PVs in the API server, three guests loaded\n"
+    let runs = env_usize("WP_BENCH_RUNS", 3);
+    let storage = tempfile::tempdir()?;
+    let plugins = tempfile::tempdir()?;
+    let cache = tempfile::tempdir()?;
+    plugins_with(
+        plugins.path(),
+        storage.path(),
+        &["guest-a", "guest-b", "guest-c"],
     );
-    println!("| figure | value |");
-    println!("|---|---:|");
-    println!("| RSS with caches full | {:.1} MiB |", rss as f64 / 1024.0);
+    // Start-up twice with one module cache: the first compiles (cold), the second deserializes.
+    let (cold, _) = settled_rss(cp, plugins.path(), cache.path(), &[], "cold").await?;
+    let (warm, _) = settled_rss(cp, plugins.path(), cache.path(), &[], "warm").await?;
+    let empty = rss_runs(cp, plugins.path(), cache.path(), &[], "empty", runs).await?;
+    let started = Instant::now();
+    let bound = bound_pairs(admin, "bench-memory", m).await?;
+    let filled = started.elapsed();
+    let settled = rss_runs(cp, plugins.path(), cache.path(), &[], "settled", runs).await?;
+    let whole = rss_runs(
+        cp,
+        plugins.path(),
+        cache.path(),
+        &["--cache-whole-objects"],
+        "whole",
+        runs,
+    )
+    .await?;
     println!(
-        "| process start → controller started, module cache cold (3 guests compiled) | {:.0} ms |",
-        ready.as_secs_f64() * 1e3
+        "\nmemory and start-up: three guests loaded; {m} claims bound to {m} PVs ({bound} Bound, made in {:.0} s); {runs} processes each\n",
+        filled.as_secs_f64()
+    );
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    println!("| figure | min | median | max |");
+    println!("|---|---:|---:|---:|");
+    for (what, [lo, mid, hi]) in [
+        ("RSS, no claims or PVs in the cluster", empty),
+        (
+            "RSS, caches full (settled objects as their identity: default)",
+            settled,
+        ),
+        (
+            "RSS, caches full (whole objects, as an informer: `--cache-whole-objects`)",
+            whole,
+        ),
+    ] {
+        println!(
+            "| {what} | {:.1} MiB | {:.1} MiB | {:.1} MiB |",
+            mib(lo),
+            mib(mid),
+            mib(hi)
+        );
+    }
+    println!(
+        "| process start → controller started, module cache cold (3 guests compiled) | {:.0} ms | | |",
+        cold.as_secs_f64() * 1e3
     );
     println!(
-        "| process start → controller started, module cache warm | {:.0} ms |",
+        "| process start → controller started, module cache warm | {:.0} ms | | |",
         warm.as_secs_f64() * 1e3
-    );
-    println!(
-        "| process start → RSS settled (claim and PV caches filled) | {:.1} s |",
-        settled.as_secs_f64()
     );
     Ok(())
 }
