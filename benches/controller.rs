@@ -16,9 +16,9 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -26,6 +26,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::json;
 use wasm_provisioner::controller::ratelimit::RateLimiter;
@@ -183,10 +184,119 @@ async fn raw_rate(
 }
 
 struct Provisioned {
+    /// First claim POSTed → every PV exists.
     pvs_exist: Duration,
+    /// First claim POSTed → every claim Bound.
     all_bound: Duration,
+    /// Claims deleted → every PV gone.
     all_gone: Duration,
+    /// Per claim: POSTed → its PV exists.
+    to_pv: Vec<Duration>,
+    /// Per claim: deleted → its PV gone.
+    to_gone: Vec<Duration>,
+    /// API requests per claim, after the provisioner's event queue drained.
     calls_per_claim: BTreeMap<String, f64>,
+    /// Writes per claim on the provisioner's main budget (PVs, claims, the intent log).
+    writes_per_claim: f64,
+}
+
+/// When each object was first seen existing (by name) and gone, from one watch: the benchmark
+/// reads the cluster the way the provisioner does, without list polling.
+#[derive(Default)]
+struct Seen {
+    applied: HashMap<String, Instant>,
+    bound: HashMap<String, Instant>,
+    deleted: HashMap<String, Instant>,
+}
+
+fn watch_seen<K>(api: Api<K>, seen: Arc<Mutex<Seen>>) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + Send
+        + Sync
+        + 'static,
+{
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+        while let Some(event) = events.next().await {
+            let now = Instant::now();
+            let mut seen = seen.lock().expect("seen");
+            match event {
+                Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
+                    let name = object.meta().name.clone().unwrap_or_default();
+                    let phase = serde_json::to_value(&object)
+                        .ok()
+                        .and_then(|v| v["status"]["phase"].as_str().map(str::to_string));
+                    if phase.as_deref() == Some("Bound") {
+                        seen.bound.entry(name.clone()).or_insert(now);
+                    }
+                    seen.applied.entry(name).or_insert(now);
+                }
+                Ok(watcher::Event::Delete(object)) => {
+                    let name = object.meta().name.clone().unwrap_or_default();
+                    seen.deleted.entry(name).or_insert(now);
+                }
+                _ => {}
+            }
+        }
+    })
+}
+
+/// Waits until `done` holds on what the watch saw (checked every 20 ms, no API requests).
+async fn until_seen(
+    what: &str,
+    seen: &Mutex<Seen>,
+    done: impl Fn(&Seen) -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    while !done(&seen.lock().expect("seen")) {
+        anyhow::ensure!(Instant::now() < deadline, "{what}: not within an hour");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Waits until kube-apiserver's count of event POSTs stops moving for 3 s (the provisioner's
+/// event queue has drained), at most a minute.
+async fn events_drained(admin: &Client) -> anyhow::Result<()> {
+    let key = ("POST".to_string(), "events".to_string());
+    let mut last = -1.0;
+    let mut still = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while still.elapsed() < Duration::from_secs(3) && Instant::now() < deadline {
+        let now = *request_counts(admin).await?.get(&key).unwrap_or(&0.0);
+        if now != last {
+            still = Instant::now();
+            last = now;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+/// The `q`-quantile of `values` (nearest rank).
+fn quantile(values: &mut [Duration], q: f64) -> Duration {
+    if values.is_empty() {
+        return Duration::ZERO;
+    }
+    values.sort_unstable();
+    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
+    values[rank - 1]
+}
+
+/// (min, median, max) of `values`.
+fn spread(values: &[Duration]) -> [Duration; 3] {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    [
+        sorted[0],
+        sorted[sorted.len() / 2],
+        sorted[sorted.len() - 1],
+    ]
 }
 
 fn plugins_with(dir: &Path, storage: &Path, names: &[&str]) {
@@ -249,14 +359,26 @@ async fn provision_run(
         .args(["--leader-election=false"])
         // The intent log lives where the provisioner's Role is (deploy/rbac.yaml).
         .args(["--leader-election-namespace", "wasm-provisioner"])
-        .env("RUST_LOG", "warn");
+        .env("RUST_LOG", "warn,wasm_provisioner::controller::start=info");
     let mut process = Process::spawn(cmd, cp.run_dir().join(format!("bench-{tag}.log")))?;
+    wait_for("provisioner ready", Duration::from_secs(120), || async {
+        Ok(process.log().contains("caches synced; ready").then_some(()))
+    })
+    .await
+    .with_context(|| process.log_tail(40))?;
     let before = request_counts(admin).await?;
 
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), &ns);
     let pvs: Api<PersistentVolume> = Api::all(admin.clone());
+    let pv_seen = Arc::new(Mutex::new(Seen::default()));
+    let claim_seen = Arc::new(Mutex::new(Seen::default()));
+    let watches = [
+        watch_seen(pvs.clone(), pv_seen.clone()),
+        watch_seen(claims.clone(), claim_seen.clone()),
+    ];
     let start = Instant::now();
-    futures::stream::iter(0..n)
+    // PV name (pvc-<claim UID>) → when its claim was POSTed; on 8 connections.
+    let posted: Vec<(String, Instant)> = futures::stream::iter(0..n)
         .map(|i| {
             let claims = claims.clone();
             let class = class.clone();
@@ -265,77 +387,80 @@ async fn provision_run(
                     "metadata": {"name": format!("c{i}")},
                     "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
                 }))?;
-                claims.create(&PostParams::default(), &claim).await?;
-                anyhow::Ok(())
+                let sent = Instant::now();
+                let created = claims.create(&PostParams::default(), &claim).await?;
+                anyhow::Ok((format!("pvc-{}", created.metadata.uid.unwrap_or_default()), sent))
             }
         })
-        .buffer_unordered(32)
-        .try_collect::<Vec<()>>()
+        .buffer_unordered(8)
+        .try_collect()
         .await?;
-    let ours = |list: &[PersistentVolume]| {
-        list.iter()
-            .filter(|p| {
-                p.metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get("pv.kubernetes.io/provisioned-by"))
-                    .map(String::as_str)
-                    == Some(PROVISIONER)
-            })
-            .count()
-    };
-    let long = Duration::from_secs(3600);
-    wait_for("all PVs exist", long, || async {
-        let list = pvs.list(&ListParams::default()).await?.items;
-        Ok((ours(&list) >= n).then_some(()))
+    let names: Vec<&String> = posted.iter().map(|(pv, _)| pv).collect();
+    until_seen("all PVs exist", &pv_seen, |s| {
+        names.iter().all(|pv| s.applied.contains_key(*pv))
     })
     .await
     .with_context(|| process.log_tail(40))?;
     let pvs_exist = start.elapsed();
-    wait_for("all claims Bound", long, || async {
-        let list = claims.list(&ListParams::default()).await?.items;
-        let bound = list
-            .iter()
-            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
-            .count();
-        Ok((bound >= n).then_some(()))
-    })
-    .await?;
+    until_seen("all claims Bound", &claim_seen, |s| s.bound.len() >= n).await?;
     let all_bound = start.elapsed();
+    events_drained(admin).await?;
     let after_provision = request_counts(admin).await?;
+    let to_pv = {
+        let seen = pv_seen.lock().expect("seen");
+        posted
+            .iter()
+            .map(|(pv, sent)| seen.applied[pv] - *sent)
+            .collect()
+    };
 
     let start = Instant::now();
     claims
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await?;
-    wait_for("all PVs gone", long, || async {
-        let list = pvs.list(&ListParams::default()).await?.items;
-        Ok((ours(&list) == 0).then_some(()))
+    until_seen("all PVs gone", &pv_seen, |s| {
+        names.iter().all(|pv| s.deleted.contains_key(*pv))
     })
     .await
     .with_context(|| process.log_tail(40))?;
     let all_gone = start.elapsed();
+    events_drained(admin).await?;
     let after_delete = request_counts(admin).await?;
+    let to_gone = {
+        let seen = pv_seen.lock().expect("seen");
+        names.iter().map(|pv| seen.deleted[*pv] - start).collect()
+    };
+    for watch in watches {
+        watch.abort();
+    }
     process.terminate()?;
 
-    // Requests the provisioner makes (PV writes, claim patches, events); the PV controller in
-    // kube-controller-manager updates PVs and claims too, but with PUT, not POST/PATCH/DELETE.
+    // Requests the provisioner makes (PV writes, claim patches, its intent log, events); the PV
+    // controller in kube-controller-manager updates PVs and claims too, but with PUT.
     let mut calls_per_claim = BTreeMap::new();
+    let mut writes = 0.0;
     for (phase, from, to) in [
         ("provision", &before, &after_provision),
         ("delete", &after_provision, &after_delete),
     ] {
-        for (verb, resource) in [
-            ("PATCH", "persistentvolumeclaims"),
-            ("POST", "persistentvolumes"),
-            ("DELETE", "persistentvolumes"),
-            ("GET", "persistentvolumes"),
-            ("POST", "events"),
+        for (verb, resource, main_budget_write) in [
+            ("PATCH", "persistentvolumeclaims", true),
+            ("POST", "persistentvolumes", true),
+            ("DELETE", "persistentvolumes", true),
+            ("GET", "persistentvolumes", false),
+            ("POST", "configmaps", true),
+            ("PUT", "configmaps", true),
+            ("PATCH", "configmaps", true),
+            ("POST", "events", false),
+            ("PATCH", "events", false),
         ] {
             let key = (verb.to_string(), resource.to_string());
             let delta = to.get(&key).unwrap_or(&0.0) - from.get(&key).unwrap_or(&0.0);
             if delta > 0.0 {
                 calls_per_claim.insert(format!("{phase}: {verb} {resource}"), delta / n as f64);
+                if phase == "provision" && main_budget_write {
+                    writes += delta / n as f64;
+                }
             }
         }
     }
@@ -343,7 +468,10 @@ async fn provision_run(
         pvs_exist,
         all_bound,
         all_gone,
+        to_pv,
+        to_gone,
         calls_per_claim,
+        writes_per_claim: writes,
     })
 }
 
@@ -447,6 +575,67 @@ async fn bound_pairs(admin: &Client, ns: &str, m: usize) -> anyhow::Result<usize
     }
 }
 
+/// With the cluster full of other objects: process start → ready, and a new claim's POST → its
+/// PV, over `runs` processes.
+async fn first_pv_runs(
+    cp: &ControlPlane,
+    admin: &Client,
+    plugins: &Path,
+    cache: &Path,
+    runs: usize,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let ns = "bench-first";
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+        )
+        .await?;
+    Api::<StorageClass>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "bench-first"}, "provisioner": PROVISIONER, "reclaimPolicy": "Delete"}))?,
+        )
+        .await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), ns);
+    let pvs: Api<PersistentVolume> = Api::all(admin.clone());
+    let (mut ready, mut first) = (Vec::new(), Vec::new());
+    for run in 0..runs {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
+        cmd.args(["run", "--plugins"])
+            .arg(plugins)
+            .arg("--module-cache")
+            .arg(cache)
+            .arg("--kubeconfig")
+            .arg(cp.admin_kubeconfig())
+            .args(["--leader-election=false"])
+            .args(["--leader-election-namespace", "wasm-provisioner"])
+            .env("RUST_LOG", "warn,wasm_provisioner::controller::start=info");
+        let start = Instant::now();
+        let mut process = Process::spawn(cmd, cp.run_dir().join(format!("bench-first-{run}.log")))?;
+        wait_for("provisioner ready", Duration::from_secs(300), || async {
+            Ok(process.log().contains("caches synced; ready").then_some(()))
+        })
+        .await?;
+        ready.push(start.elapsed());
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": format!("first-{run}")},
+            "spec": {"storageClassName": "bench-first", "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        }))?;
+        let sent = Instant::now();
+        let created = claims.create(&PostParams::default(), &claim).await?;
+        let pv = format!("pvc-{}", created.metadata.uid.unwrap_or_default());
+        wait_for("the new claim's PV", Duration::from_secs(120), || async {
+            Ok(pvs.get_opt(&pv).await?.map(|_| ()))
+        })
+        .await
+        .with_context(|| process.log_tail(40))?;
+        first.push(sent.elapsed());
+        process.terminate()?;
+    }
+    Ok((ready, first))
+}
+
 /// Settled RSS over `runs` processes: (min, median, max) in KiB.
 async fn rss_runs(
     cp: &ControlPlane,
@@ -494,30 +683,56 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Result<()> {
+    let runs = env_usize("WP_BENCH_RUNS", 3);
     println!(
-        "\nthroughput: {n} claims, hostpath guest, kube-apiserver/kube-controller-manager v1.20.2 on loopback\n"
+        "\nthroughput: {n} claims POSTed on 8 connections, hostpath guest, kube-apiserver/kube-controller-manager v1.20.2 on loopback; \
+         timed from the provisioner's readiness; {runs} runs per profile (min / median / max)\n"
     );
     println!(
-        "| client settings | raw PV creates/s | provisions/s (PVs exist) | ratio | claims Bound/s | raw PV deletes/s | deletes/s (PVs gone) | ratio |"
+        "| client settings | all PVs exist, s | PVs/s (median) | claim → PV p50 / p90 / p99, ms | all claims Bound, s | all PVs gone, s | deletes/s (median) | delete → gone p50 / p99, ms | raw PV creates/s | ceiling at its writes/claim, s |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut calls = Vec::new();
     for (i, profile) in profiles() {
-        let (raw_create, raw_delete) = raw_rate(admin, n, profile, &i.to_string()).await?;
-        let run = provision_run(cp, admin, n, profile, &i.to_string()).await?;
-        let (rc, rd) = (rate(n, raw_create), rate(n, raw_delete));
-        let (pc, pd) = (rate(n, run.pvs_exist), rate(n, run.all_gone));
+        let (raw_create, _) = raw_rate(admin, n, profile, &i.to_string()).await?;
+        let mut results = Vec::new();
+        for run in 0..runs {
+            results.push(provision_run(cp, admin, n, profile, &format!("{i}-{run}")).await?);
+        }
+        let secs = |d: Duration| d.as_secs_f64();
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let triple = |f: fn(&Provisioned) -> Duration| {
+            let [lo, mid, hi] = spread(&results.iter().map(f).collect::<Vec<_>>());
+            (
+                format!("{:.1} / {:.1} / {:.1}", secs(lo), secs(mid), secs(hi)),
+                mid,
+            )
+        };
+        let (exist, exist_mid) = triple(|r| r.pvs_exist);
+        let (bound, _) = triple(|r| r.all_bound);
+        let (gone, gone_mid) = triple(|r| r.all_gone);
+        let mut to_pv: Vec<Duration> = results.iter().flat_map(|r| r.to_pv.clone()).collect();
+        let mut to_gone: Vec<Duration> = results.iter().flat_map(|r| r.to_gone.clone()).collect();
+        let last = results.last().expect("one run at least");
+        // The fastest any client making this many writes per claim could go on this budget.
+        let writes = last.writes_per_claim;
+        let ceiling = ((n as f64 * writes - profile.burst as f64).max(0.0)) / profile.qps;
         println!(
-            "| {} | {rc:.1} | {pc:.1} | {:.2} | {:.1} | {rd:.1} | {pd:.1} | {:.2} |",
+            "| {} | {exist} | {:.1} | {:.0} / {:.0} / {:.0} | {bound} | {gone} | {:.1} | {:.0} / {:.0} | {:.1} | {ceiling:.1} ({writes:.2} writes) |",
             profile.name,
-            pc / rc,
-            rate(n, run.all_bound),
-            pd / rd
+            rate(n, exist_mid),
+            ms(quantile(&mut to_pv, 0.5)),
+            ms(quantile(&mut to_pv, 0.9)),
+            ms(quantile(&mut to_pv, 0.99)),
+            rate(n, gone_mid),
+            ms(quantile(&mut to_gone, 0.5)),
+            ms(quantile(&mut to_gone, 0.99)),
+            rate(n, raw_create),
         );
-        calls.push((profile.name, run.calls_per_claim));
+        calls.push((profile.name, last.calls_per_claim.clone()));
     }
     println!(
-        "\nprovisioner API requests per claim (kube-apiserver's apiserver_request_total deltas):\n"
+        "\nAPI requests per claim (kube-apiserver's apiserver_request_total deltas, last run, after the event queue drained):\n"
     );
     for (profile, calls) in calls {
         let list: Vec<String> = calls.iter().map(|(k, v)| format!("{k} {v:.2}")).collect();
@@ -553,6 +768,7 @@ async fn memory(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<(
         runs,
     )
     .await?;
+    let (ready, first) = first_pv_runs(cp, admin, plugins.path(), cache.path(), runs).await?;
     println!(
         "\nmemory and start-up: three guests loaded; {m} claims bound to {m} PVs ({bound} Bound, made in {:.0} s); {runs} processes each\n",
         filled.as_secs_f64()
@@ -576,6 +792,25 @@ async fn memory(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<(
             mib(lo),
             mib(mid),
             mib(hi)
+        );
+    }
+    for (what, values) in [
+        (
+            "process start → ready (caches synced), with the bound pairs in the cluster",
+            &ready,
+        ),
+        (
+            "a new claim POSTed → its PV exists, with the bound pairs in the cluster",
+            &first,
+        ),
+    ] {
+        let [lo, mid, hi] = spread(values);
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!(
+            "| {what} | {:.0} ms | {:.0} ms | {:.0} ms |",
+            ms(lo),
+            ms(mid),
+            ms(hi)
         );
     }
     println!(
