@@ -717,6 +717,12 @@ async fn a_fifo_in_the_preopen_cannot_block_a_host_thread() {
         0,
     )
     .unwrap();
+    // Local grants run filesystem calls on the guest thread: the FIFO must not block that
+    // thread either (on a machine whose /tmp is a network filesystem this tests the pool).
+    assert_eq!(
+        n.guest.filesystem_inline(),
+        wasm_provisioner::wasm::localfs::all_local([n.dir()]),
+    );
     // Warm up the blocking pool, then count.
     n.provision("warm", &[]).await.unwrap();
     let before = threads();

@@ -253,7 +253,9 @@ impl WasmEngine {
             .then(|| block_support::GuestIndices::new(&pre))
             .transpose()
             .map_err(link_err)?;
+        let inline_fs = super::localfs::all_local(grants.dirs.iter().map(|d| d.host.as_path()));
         Ok(Guest {
+            inline_fs,
             name: name.into(),
             pool_slots: self.pool_slots.clone(),
             semaphore: Arc::new(Semaphore::new(grants.max_concurrency)),

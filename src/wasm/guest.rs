@@ -55,6 +55,8 @@ pub struct Guest {
     pub(super) block_support: Option<block_support::GuestIndices>,
     pub(super) metrics: Option<Metrics>,
     pub(super) executor: Option<GuestExecutor>,
+    /// Filesystem calls run on the calling thread: every grant is local ([`super::localfs`]).
+    pub(super) inline_fs: bool,
 }
 
 /// Captured guest output of one call.
@@ -172,7 +174,12 @@ impl Guest {
         &self.name
     }
 
-    /// Its grants.
+    /// Whether its filesystem calls run on the calling thread (every grant is local).
+    pub fn filesystem_inline(&self) -> bool {
+        self.inline_fs
+    }
+
+    /// The guest's grants.
     pub fn grants(&self) -> &Grants {
         &self.grants
     }
@@ -297,12 +304,16 @@ impl Guest {
             .map_err(|e| rejected(super::describe_spec_error(&e)))?;
         super::spec::check_selected_node(&built, selected_node)
             .map_err(|e| rejected(super::describe_spec_error(&e)))?;
-        // On disk, off the async threads: the walk opens one component at a time.
+        // On disk, one component at a time; on the blocking pool unless every grant is local.
         let (grants, source) = (self.grants.clone(), built.source.clone());
-        tokio::task::spawn_blocking(move || super::nodepath::check_source(&grants, &source))
-            .await
-            .map_err(|e| rejected(format!("the path check did not finish: {e}")))?
-            .map_err(|e| rejected(e.to_string()))?;
+        if self.inline_fs {
+            super::nodepath::check_source(&grants, &source).map_err(|e| rejected(e.to_string()))?;
+        } else {
+            tokio::task::spawn_blocking(move || super::nodepath::check_source(&grants, &source))
+                .await
+                .map_err(|e| rejected(format!("the path check did not finish: {e}")))?
+                .map_err(|e| rejected(e.to_string()))?;
+        }
         Ok(built)
     }
 
@@ -323,7 +334,10 @@ impl Guest {
         let stdout = BoundedOutput::new(self.grants.output_bytes);
         let stderr = BoundedOutput::new(self.grants.output_bytes);
         let mut wasi = WasiCtx::builder();
-        wasi.stdout(stdout.clone()).stderr(stderr.clone());
+        let inline = self.inline_fs;
+        wasi.stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .allow_blocking_current_thread(inline);
         for dir in &self.grants.dirs {
             let perms = match dir.access {
                 DirAccess::ReadOnly => FsPerms::ReadOnly,
@@ -337,7 +351,8 @@ impl Guest {
                     )
                 })?;
         }
-        let state = GuestState::new(self.name.clone(), self.grants.clone(), wasi.build());
+        let mut state = GuestState::new(self.name.clone(), self.grants.clone(), wasi.build());
+        state.fs_guard.inline = inline;
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|s| &mut s.limiter);
         // What one host call may carry from the guest (strings, lists): never more than the

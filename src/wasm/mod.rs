@@ -9,6 +9,7 @@ pub mod executor;
 pub mod grants;
 pub mod guest;
 pub mod host;
+pub mod localfs;
 pub mod nodepath;
 pub mod output;
 pub mod plugins;

@@ -44,6 +44,8 @@ pub struct FsGuard {
     pub descriptors_hit: bool,
     /// Filesystem calls refused by the guard (links, special files), for the debug log.
     pub refused: u32,
+    /// Filesystem calls run on the calling thread rather than the blocking pool.
+    pub inline: bool,
 }
 
 impl FsGuard {
@@ -54,6 +56,7 @@ impl FsGuard {
             open: HashSet::new(),
             descriptors_hit: false,
             refused: 0,
+            inline: false,
         }
     }
 
@@ -390,12 +393,17 @@ impl HostDescriptor for SandboxFsView<'_> {
         if perms.write_not_permitted() && mode.contains(OpenMode::WRITE) {
             return Err(ErrorCode::NotPermitted.into());
         }
-        let opened = tokio::task::spawn_blocking(move || open_beneath(&dir, &path, os, want_dir))
-            .await
-            .map_err(|e| FsError::trap(wasmtime::Error::msg(format!("open-at: {e}"))))?;
+        let inline = self.guard.inline;
+        let opened = if inline {
+            open_beneath(&dir, &path, os, want_dir)
+        } else {
+            tokio::task::spawn_blocking(move || open_beneath(&dir, &path, os, want_dir))
+                .await
+                .map_err(|e| FsError::trap(wasmtime::Error::msg(format!("open-at: {e}"))))?
+        };
         let descriptor = match opened {
-            Ok(Opened::Dir(file)) => Descriptor::Dir(Dir::new(file, perms, mode, false)),
-            Ok(Opened::File(file)) => Descriptor::File(File::new(file, perms, mode, false)),
+            Ok(Opened::Dir(file)) => Descriptor::Dir(Dir::new(file, perms, mode, inline)),
+            Ok(Opened::File(file)) => Descriptor::File(File::new(file, perms, mode, inline)),
             Err(ErrorCode::Access) => return self.refuse(),
             Err(code) => return Err(code.into()),
         };
