@@ -8,7 +8,7 @@
 //!   M claims bound to M PVs (settled to their identity, and whole as an informer keeps them);
 //! * start-up: process start to "controller started".
 //!
-//! `WP_BENCH_CLAIMS` (default 1000) and `WP_BENCH_OBJECTS` (default 10000) size the runs;
+//! `WP_BENCH_CLAIMS` (default 500) and `WP_BENCH_OBJECTS` (default 10000) size the runs;
 //! `WP_BENCH_RUNS` (default 3) processes per memory figure; `WP_BENCH_PARTS` (default `throughput,memory`) picks the parts; `WP_BENCH_PROFILES` (indexes,
 //! default all) picks the client profiles.
 //! Nothing is asserted; figures go to stdout.
@@ -659,7 +659,7 @@ async fn rss_runs(
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let n = env_usize("WP_BENCH_CLAIMS", 1000);
+    let n = env_usize("WP_BENCH_CLAIMS", 500);
     let m = env_usize("WP_BENCH_OBJECTS", 10_000);
     let parts = std::env::var("WP_BENCH_PARTS").unwrap_or_else(|_| "throughput,memory".into());
     let part = |name: &str| parts.split(',').any(|p| p.trim() == name);
