@@ -376,12 +376,20 @@ async fn recover_one(handle: &Handle<'_>, intent: &Intent) -> Result<bool, Claim
     // The claim cache is synced before recovery runs, and a claim a guest was called for was
     // in some replica's cache: absent from ours (by UID) means gone.
     let claim = &intent.claim;
-    let live = handle.ctx().claims.get(&super::cache::key_of(claim));
-    if live.is_some_and(|c| {
-        let meta = c.meta();
+    let alive = |meta: &kube::api::ObjectMeta| {
         meta.uid == claim.metadata.uid && meta.deletion_timestamp.is_none()
-    }) {
-        return Ok(false);
+    };
+    match handle.ctx().claims.get(&super::cache::key_of(claim)) {
+        Some(cached) if alive(cached.meta()) => return Ok(false),
+        Some(_) => {}
+        // Settled claims (bound, no finalizer of ours) are not cached: ask the API server.
+        None => {
+            let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+            let live = handle.get_claim(namespace, &claim.name_any()).await?;
+            if live.is_some_and(|c| alive(&c.metadata)) {
+                return Ok(false);
+            }
+        }
     }
     let plugins = handle.ctx().plugins();
     let Some(guest) = plugins.for_provisioner(&intent.provisioner).cloned() else {

@@ -83,6 +83,18 @@ impl<'a> Handle<'a> {
             .await
     }
 
+    /// Reads a claim from the API server (None: it does not exist).
+    pub async fn get_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<PersistentVolumeClaim>, kube::Error> {
+        self.budget().await;
+        Api::<PersistentVolumeClaim>::namespaced(self.ctx.client.clone(), namespace)
+            .get_opt(name)
+            .await
+    }
+
     /// Creates a PV; AlreadyExists is success. The outer error is the gate closing.
     pub async fn create_pv(
         &self,

@@ -15,6 +15,7 @@ use super::cache::{self, Cached, CachedClaim, CachedVolume};
 use super::{Caches, Context, Settings, claims, events, gate, leader, node, volumes};
 use crate::metrics::Metrics;
 use crate::wasm::Plugins;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
 /// Runs both controllers until `shutdown` resolves, then lets in-flight work finish.
 pub async fn run(
@@ -83,7 +84,7 @@ pub async fn run_watching(
         .with_config(controller_config.clone());
     let volumes_ready = volumes.clone();
     let (claims, claim_writer) = reflector::store::<CachedClaim>();
-    let claim_watch = cached_watch(pvc_api, claim_writer, move |pvc| {
+    let claim_watch = claim_watch(pvc_api, claim_writer, move |pvc| {
         !whole && cache::claim_settled(pvc)
     });
     let claim_controller =
@@ -464,6 +465,36 @@ where
         .applied_objects()
 }
 
+/// The watch behind the claim cache. A settled claim (bound, no finalizer of ours) leaves the
+/// cache altogether, and triggers no reconcile: nothing reads it (the class watch re-checks only
+/// unbound claims; intent recovery asks the API server about a claim it does not find).
+fn claim_watch(
+    api: Api<CachedClaim>,
+    writer: reflector::store::Writer<CachedClaim>,
+    settled: impl Fn(&PersistentVolumeClaim) -> bool + Send + Sync + 'static,
+) -> impl futures::Stream<Item = Result<CachedClaim, watcher::Error>> + Send + 'static {
+    use futures::TryStreamExt;
+    let settled = Arc::new(settled);
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(slim)
+        .try_filter_map(move |event| {
+            let is_settled = |claim: &CachedClaim| claim.whole().is_some_and(|c| settled(c));
+            let event = match event {
+                watcher::Event::InitApply(claim) if is_settled(&claim) => None,
+                // Dropped from the cache (it may have been whole before); not an applied object,
+                // so no reconcile either.
+                watcher::Event::Apply(claim) if is_settled(&claim) => {
+                    Some(watcher::Event::Delete(claim))
+                }
+                other => Some(other),
+            };
+            futures::future::ready(Ok(event))
+        })
+        .reflect(writer)
+        .applied_objects()
+}
+
 /// Annotation `kubectl apply` keeps: a second copy of the whole object as the user wrote it.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
@@ -481,7 +512,6 @@ pub fn slim<K: kube::Resource>(object: &mut K) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 
     #[test]

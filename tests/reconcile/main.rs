@@ -30,11 +30,17 @@ use wasm_provisioner::wasm::{WasmEngine, load_dir};
 use common::{PluginsDir, dir_grant};
 use fake_api::FakeApi;
 
-/// A claim as the controller's watch caches it (settled down to its identity once bound).
+/// A claim as the controller's watch caches it: whole, or not at all once settled.
+fn claim_event(pvc: PersistentVolumeClaim) -> watcher::Event<CachedClaim> {
+    if cache::claim_settled(&pvc) {
+        watcher::Event::Delete(CachedClaim::from(pvc))
+    } else {
+        watcher::Event::Apply(CachedClaim::from(pvc))
+    }
+}
+
 fn cached_claim(pvc: PersistentVolumeClaim) -> CachedClaim {
-    let mut cached = CachedClaim::from(pvc);
-    cached.settle(cache::claim_settled);
-    cached
+    CachedClaim::from(pvc)
 }
 
 /// A PV as the controller's watch caches it (default settings: no PV finalizer mode).
@@ -138,8 +144,7 @@ impl World {
         self.api.put(&claim_path(&name), claim.clone());
         let stored = self.api.get(&claim_path(&name)).unwrap();
         let pvc: PersistentVolumeClaim = serde_json::from_value(stored).expect("claim");
-        self.claims
-            .apply_watcher_event(&watcher::Event::Apply(cached_claim(pvc.clone())));
+        self.claims.apply_watcher_event(&claim_event(pvc.clone()));
         Arc::new(pvc)
     }
 
@@ -148,8 +153,7 @@ impl World {
         let pvc: PersistentVolumeClaim =
             serde_json::from_value(self.api.get(&claim_path(name)).expect("claim stored"))
                 .expect("claim");
-        self.claims
-            .apply_watcher_event(&watcher::Event::Apply(cached_claim(pvc.clone())));
+        self.claims.apply_watcher_event(&claim_event(pvc.clone()));
         Arc::new(pvc)
     }
 
@@ -314,7 +318,7 @@ async fn ten_thousand_foreign_claims_and_volumes_leave_no_trace() {
 }
 
 #[tokio::test]
-async fn settled_claims_and_volumes_are_cached_as_identity_and_need_no_requests() {
+async fn settled_claims_leave_the_cache_settled_volumes_keep_their_identity_no_requests() {
     let mut world = World::new(settings(), "");
     world.class("fast", json!({}), json!({}));
     let mut bound = claim_of("data", "fast", P);
@@ -327,17 +331,17 @@ async fn settled_claims_and_volumes_are_cached_as_identity_and_need_no_requests(
                  "hostPath": {"path": "/x"}},
         "status": {"phase": "Bound"}
     }));
-    let cached_claim = world.ctx.claims.get(&cache::key_of(&*pvc)).expect("cached");
-    let cached_pv = world.ctx.volume("pvc-uid-data").expect("cached");
     assert!(
-        cached_claim.whole().is_none(),
-        "a bound claim is kept as its identity"
+        world.ctx.claims.get(&cache::key_of(&*pvc)).is_none(),
+        "a bound claim leaves the cache"
     );
+    let cached_pv = world.ctx.volume("pvc-uid-data").expect("cached");
     assert!(
         cached_pv.whole().is_none(),
         "a bound PV is kept as its identity"
     );
-    assert_eq!(cached_claim.meta().uid, pvc.metadata.uid);
+    assert_eq!(cached_pv.meta().uid.as_deref(), Some("uid-pv"));
+    let cached_claim = Arc::new(cached_claim((*pvc).clone()));
     // The class changes: only unbound claims are re-checked, and the settled ones cost nothing.
     assert!(
         claims::claims_of_class(&world.ctx.claims, &world.ctx.class("fast").unwrap()).is_empty()
@@ -680,6 +684,37 @@ async fn recovery_deletes_the_storage_of_a_claim_deleted_while_no_one_worked_on_
     assert!(
         world.api.get(&pv_path("pvc-u-data")).is_none(),
         "and no PV was made"
+    );
+}
+
+#[tokio::test]
+async fn recovery_keeps_the_storage_of_a_bound_claim_it_does_not_cache() {
+    let mut world = World::new(log_settings(), "");
+    world.class("slow", json!({"delayMs": "3000"}), json!({}));
+    let pvc = world.claim(claim_of("data", "slow", P));
+    let log = world.ctx.intents.clone().expect("log mode");
+    tokio::spawn(log.clone().run());
+    let crashed = tokio::spawn({
+        let ctx = world.ctx.clone();
+        let pvc = pvc.clone();
+        async move { claims::reconcile(pvc, ctx).await }
+    });
+    let started = world.storage.path().join("pvc-u-data.started");
+    while !started.exists() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    crashed.abort();
+    // The claim is bound meanwhile (its PV gone again: a Lost claim), so no cache holds it.
+    let mut bound = world.api.get(&claim_path("data")).unwrap();
+    bound["spec"]["volumeName"] = json!("pvc-u-data");
+    world.claim(bound);
+    let settled = wasm_provisioner::controller::recover_intents(&restarted(&world))
+        .await
+        .expect("recovered");
+    assert_eq!(settled, 0, "the claim still exists: nothing to settle");
+    assert!(
+        world.storage.path().join("pvc-u-data").is_dir(),
+        "the storage of a claim that exists is kept"
     );
 }
 
