@@ -779,7 +779,7 @@ async fn memory(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<(
     for (what, [lo, mid, hi]) in [
         ("RSS, no claims or PVs in the cluster", empty),
         (
-            "RSS, caches full (settled objects as their identity: default)",
+            "RSS, caches full (default: settled claims dropped, settled PVs as their identity)",
             settled,
         ),
         (
