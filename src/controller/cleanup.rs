@@ -385,7 +385,7 @@ async fn recover_one(handle: &Handle<'_>, intent: &Intent) -> Result<bool, Claim
         // Settled claims (bound, no finalizer of ours) are not cached: ask the API server.
         None => {
             let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
-            let live = handle.get_claim(namespace, &claim.name_any()).await?;
+            let live = handle.find_claim(namespace, &claim.name_any()).await?;
             if live.is_some_and(|c| alive(&c.metadata)) {
                 return Ok(false);
             }

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, ResourceExt};
 
 use super::Context;
@@ -83,16 +83,23 @@ impl<'a> Handle<'a> {
             .await
     }
 
-    /// Reads a claim from the API server (None: it does not exist).
-    pub async fn get_claim(
+    /// Reads a claim from the API server (None: it does not exist). A list by name rather than a
+    /// get: the shipped RBAC grants list and watch on claims, and nothing more than it needs.
+    pub async fn find_claim(
         &self,
         namespace: &str,
         name: &str,
     ) -> Result<Option<PersistentVolumeClaim>, kube::Error> {
         self.budget().await;
-        Api::<PersistentVolumeClaim>::namespaced(self.ctx.client.clone(), namespace)
-            .get_opt(name)
-            .await
+        let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
+        Ok(
+            Api::<PersistentVolumeClaim>::namespaced(self.ctx.client.clone(), namespace)
+                .list(&by_name)
+                .await?
+                .items
+                .into_iter()
+                .find(|c| c.metadata.name.as_deref() == Some(name)),
+        )
     }
 
     /// Creates a PV; AlreadyExists is success. The outer error is the gate closing.
