@@ -14,7 +14,6 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
-use kube::runtime::reflector::ObjectRef;
 use serde::Deserialize;
 
 use super::decide::{self, FINALIZER_CLAIM, has_finalizer};
@@ -32,8 +31,6 @@ pub enum Cached<K> {
     Settled(ObjectMeta),
 }
 
-/// A cached claim.
-pub type CachedClaim = Cached<PersistentVolumeClaim>;
 /// A cached PV.
 pub type CachedVolume = Cached<PersistentVolume>;
 
@@ -61,16 +58,6 @@ impl<K: Resource + Clone> Cached<K> {
         {
             *self = Cached::Settled(identity(object.meta()));
         }
-    }
-}
-
-/// The cache key of `object` (a claim or PV as the API returned it).
-pub fn key_of<K: Resource<DynamicType = ()> + Clone>(object: &K) -> ObjectRef<Cached<K>> {
-    let meta = object.meta();
-    let key = ObjectRef::new(meta.name.as_deref().unwrap_or_default());
-    match meta.namespace.as_deref() {
-        Some(namespace) => key.within(namespace),
-        None => key,
     }
 }
 
@@ -237,7 +224,7 @@ mod tests {
 
     #[test]
     fn settling_keeps_the_identity_and_drops_the_rest() {
-        let mut cached = CachedClaim::from(claim(Some("pv"), &[]));
+        let mut cached = Cached::from(claim(Some("pv"), &[]));
         cached.settle(claim_settled);
         assert!(cached.whole().is_none());
         let meta = cached.meta();
@@ -248,7 +235,7 @@ mod tests {
         assert_eq!(meta.labels, None);
         assert_eq!(meta.finalizers, None);
 
-        let mut pending = CachedClaim::from(claim(None, &[]));
+        let mut pending = Cached::from(claim(None, &[]));
         pending.settle(claim_settled);
         assert!(pending.whole().is_some(), "work left: kept whole");
     }
@@ -263,7 +250,7 @@ mod tests {
             PersistentVolume::url_path(&(), None)
         );
         assert_eq!(
-            CachedClaim::url_path(&(), Some("n")),
+            Cached::<PersistentVolumeClaim>::url_path(&(), Some("n")),
             PersistentVolumeClaim::url_path(&(), Some("n"))
         );
     }

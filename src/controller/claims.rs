@@ -20,7 +20,6 @@ use serde_json::json;
 use tracing::info_span;
 
 use super::bookkeeping::{Done, Failure, Operation, Tracked, busy_wait};
-use super::cache::{self, CachedClaim};
 use super::cleanup;
 use super::decide::{self, FINALIZER_CLAIM, Serving};
 use super::events;
@@ -160,48 +159,22 @@ fn claim_fingerprint(pvc: &PersistentVolumeClaim, ctx: &Context) -> u64 {
 
 /// Claims that name `class` and are still unbound: re-checked when the class appears or changes.
 pub fn claims_of_class(
-    claims: &Store<CachedClaim>,
+    claims: &Store<PersistentVolumeClaim>,
     class: &StorageClass,
-) -> Vec<ObjectRef<CachedClaim>> {
+) -> Vec<ObjectRef<PersistentVolumeClaim>> {
     let name = class.name_any();
     claims
         .state()
         .iter()
-        .filter(|cached| {
-            cached.whole().is_some_and(|c| {
-                decide::claim_class(c) == Some(name.as_str())
-                    && c.spec
-                        .as_ref()
-                        .and_then(|s| s.volume_name.as_ref())
-                        .is_none()
-            })
+        .filter(|c| decide::claim_class(c) == Some(name.as_str()))
+        .filter(|c| {
+            c.spec
+                .as_ref()
+                .and_then(|s| s.volume_name.as_ref())
+                .is_none()
         })
         .map(|c| ObjectRef::from_obj(c.as_ref()))
         .collect()
-}
-
-/// The controller's entry: a settled claim (bound, no finalizer of ours) has nothing to do, so
-/// only a whole one is reconciled.
-pub async fn reconcile_cached(
-    cached: Arc<CachedClaim>,
-    ctx: Arc<Context>,
-) -> Result<Action, ClaimError> {
-    match cached.whole() {
-        Some(pvc) => reconcile(pvc.clone(), ctx).await,
-        None => Ok(Action::await_change()),
-    }
-}
-
-/// The controller's requeue policy (only whole claims can fail).
-pub fn error_policy_cached(
-    cached: Arc<CachedClaim>,
-    error: &ClaimError,
-    ctx: Arc<Context>,
-) -> Action {
-    match cached.whole() {
-        Some(pvc) => error_policy(pvc.clone(), error, ctx),
-        None => Action::await_change(),
-    }
 }
 
 /// Reconciles one claim: opens its gate scope, then runs [`provision`] with the shared bookkeeping.
@@ -505,14 +478,13 @@ async fn call_guest(
     // within a watch event; if the cache lags, the PV is created and reclaimed as Released.
     let cached = ctx
         .claims
-        .get(&cache::key_of(&pvc))
-        .filter(|c| c.meta().uid == pvc.metadata.uid);
+        .get(&ObjectRef::from_obj(&pvc))
+        .filter(|c| c.metadata.uid == pvc.metadata.uid);
     if cached
         .as_ref()
-        .is_none_or(|c| c.meta().deletion_timestamp.is_some())
+        .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
     {
-        let deleting = cached.and_then(|c| c.whole().cloned());
-        return cleanup::abandon_deleted_while_provisioning(handle, guest, &pv, class, deleting)
+        return cleanup::abandon_deleted_while_provisioning(handle, guest, &pv, class, cached)
             .await;
     }
     cleanup::save_pv(handle, guest, &pvc, &pv, class).await
@@ -533,7 +505,7 @@ fn intents_ahead(
 ) -> Vec<(String, Intent)> {
     let ctx = handle.ctx();
     let mut ahead = Vec::new();
-    for pvc in ctx.claims.state().iter().filter_map(|c| c.whole()) {
+    for pvc in ctx.claims.state().iter() {
         if ahead.len() >= AHEAD {
             break;
         }

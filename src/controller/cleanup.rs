@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 
 use super::Context;
@@ -379,8 +380,8 @@ async fn recover_one(handle: &Handle<'_>, intent: &Intent) -> Result<bool, Claim
     let alive = |meta: &kube::api::ObjectMeta| {
         meta.uid == claim.metadata.uid && meta.deletion_timestamp.is_none()
     };
-    match handle.ctx().claims.get(&super::cache::key_of(claim)) {
-        Some(cached) if alive(cached.meta()) => return Ok(false),
+    match handle.ctx().claims.get(&ObjectRef::from_obj(claim)) {
+        Some(cached) if alive(&cached.metadata) => return Ok(false),
         Some(_) => {}
         // Settled claims (bound, no finalizer of ours) are not cached: ask the API server.
         None => {

@@ -35,9 +35,10 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use crate::metrics::{Metrics, Queue};
 use crate::wasm::Plugins;
 use bookkeeping::Book;
-use cache::{CachedClaim, CachedVolume};
+use cache::CachedVolume;
 use handle::RecentWrites;
 use inflight::InFlight;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use ratelimit::RateLimiter;
 
 pub use start::{run, run_watching, slim};
@@ -144,8 +145,8 @@ pub struct Context {
     pub classes: Store<StorageClass>,
     /// PersistentVolume cache (settled PVs as their identity only).
     pub volumes: Store<CachedVolume>,
-    /// PersistentVolumeClaim cache (settled claims as their identity only).
-    pub claims: Store<CachedClaim>,
+    /// PersistentVolumeClaim cache (settled claims are not kept).
+    pub claims: Store<PersistentVolumeClaim>,
     /// Event publisher.
     pub recorder: events::Recorder,
     /// Settings.
@@ -177,7 +178,7 @@ pub struct Caches {
     /// PersistentVolumes.
     pub volumes: Store<CachedVolume>,
     /// PersistentVolumeClaims.
-    pub claims: Store<CachedClaim>,
+    pub claims: Store<PersistentVolumeClaim>,
 }
 
 impl Context {

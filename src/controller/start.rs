@@ -11,7 +11,7 @@ use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
-use super::cache::{self, Cached, CachedClaim, CachedVolume};
+use super::cache::{self, Cached, CachedVolume};
 use super::{Caches, Context, Settings, claims, events, gate, leader, node, volumes};
 use crate::metrics::Metrics;
 use crate::wasm::Plugins;
@@ -72,7 +72,7 @@ pub async fn run_watching(
         });
 
     let pv_api: Api<CachedVolume> = Api::all(client.clone());
-    let pvc_api: Api<CachedClaim> = Api::all(client.clone());
+    let pvc_api: Api<PersistentVolumeClaim> = Api::all(client.clone());
     let controller_config = ControllerConfig::default().concurrency(settings.worker_threads);
     let whole = settings.cache_whole_objects;
     let finalizer_mode = settings.add_pv_finalizer;
@@ -83,7 +83,7 @@ pub async fn run_watching(
     let volume_controller = Controller::for_stream(volume_watch, volumes.clone())
         .with_config(controller_config.clone());
     let volumes_ready = volumes.clone();
-    let (claims, claim_writer) = reflector::store::<CachedClaim>();
+    let (claims, claim_writer) = reflector::store::<PersistentVolumeClaim>();
     let claim_watch = claim_watch(pvc_api, claim_writer, move |pvc| {
         !whole && cache::claim_settled(pvc)
     });
@@ -182,7 +182,7 @@ pub async fn run_watching(
         ))
         .reconcile_all_on(gained(&election))
         .graceful_shutdown_on(shutdown_signal(shutdown_rx.clone()))
-        .run(claims::reconcile_cached, claims::error_policy_cached, ctx.clone())
+        .run(claims::reconcile, claims::error_policy, ctx.clone())
         .for_each(|result| async move {
             match result {
                 // A broken watch stops all work: say so where operators look.
@@ -469,22 +469,20 @@ where
 /// cache altogether, and triggers no reconcile: nothing reads it (the class watch re-checks only
 /// unbound claims; intent recovery asks the API server about a claim it does not find).
 fn claim_watch(
-    api: Api<CachedClaim>,
-    writer: reflector::store::Writer<CachedClaim>,
+    api: Api<PersistentVolumeClaim>,
+    writer: reflector::store::Writer<PersistentVolumeClaim>,
     settled: impl Fn(&PersistentVolumeClaim) -> bool + Send + Sync + 'static,
-) -> impl futures::Stream<Item = Result<CachedClaim, watcher::Error>> + Send + 'static {
+) -> impl futures::Stream<Item = Result<PersistentVolumeClaim, watcher::Error>> + Send + 'static {
     use futures::TryStreamExt;
-    let settled = Arc::new(settled);
     watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(slim)
         .try_filter_map(move |event| {
-            let is_settled = |claim: &CachedClaim| claim.whole().is_some_and(|c| settled(c));
             let event = match event {
-                watcher::Event::InitApply(claim) if is_settled(&claim) => None,
-                // Dropped from the cache (it may have been whole before); not an applied object,
+                watcher::Event::InitApply(claim) if settled(&claim) => None,
+                // Dropped from the cache (it may have been cached before); not an applied object,
                 // so no reconcile either.
-                watcher::Event::Apply(claim) if is_settled(&claim) => {
+                watcher::Event::Apply(claim) if settled(&claim) => {
                     Some(watcher::Event::Delete(claim))
                 }
                 other => Some(other),

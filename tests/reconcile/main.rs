@@ -14,11 +14,11 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Resource;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::reflector::{self, ObjectRef, store::Writer};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use wasm_provisioner::controller::bookkeeping::Failure;
-use wasm_provisioner::controller::cache::{self, CachedClaim, CachedVolume};
+use wasm_provisioner::controller::cache::{self, CachedVolume};
 use wasm_provisioner::controller::claims::{self, ClaimError};
 use wasm_provisioner::controller::decide::{ANN_CLASS_RECORD, FINALIZER_CLAIM, FINALIZER_PV};
 use wasm_provisioner::controller::gate::Mode;
@@ -31,16 +31,12 @@ use common::{PluginsDir, dir_grant};
 use fake_api::FakeApi;
 
 /// A claim as the controller's watch caches it: whole, or not at all once settled.
-fn claim_event(pvc: PersistentVolumeClaim) -> watcher::Event<CachedClaim> {
+fn claim_event(pvc: PersistentVolumeClaim) -> watcher::Event<PersistentVolumeClaim> {
     if cache::claim_settled(&pvc) {
-        watcher::Event::Delete(CachedClaim::from(pvc))
+        watcher::Event::Delete(pvc)
     } else {
-        watcher::Event::Apply(CachedClaim::from(pvc))
+        watcher::Event::Apply(pvc)
     }
-}
-
-fn cached_claim(pvc: PersistentVolumeClaim) -> CachedClaim {
-    CachedClaim::from(pvc)
 }
 
 /// A PV as the controller's watch caches it (default settings: no PV finalizer mode).
@@ -56,7 +52,7 @@ const NS: &str = "ns";
 struct World {
     api: FakeApi,
     ctx: Arc<Context>,
-    claims: Writer<CachedClaim>,
+    claims: Writer<PersistentVolumeClaim>,
     volumes: Writer<CachedVolume>,
     classes: Writer<StorageClass>,
     storage: tempfile::TempDir,
@@ -332,7 +328,7 @@ async fn settled_claims_leave_the_cache_settled_volumes_keep_their_identity_no_r
         "status": {"phase": "Bound"}
     }));
     assert!(
-        world.ctx.claims.get(&cache::key_of(&*pvc)).is_none(),
+        world.ctx.claims.get(&ObjectRef::from_obj(&*pvc)).is_none(),
         "a bound claim leaves the cache"
     );
     let cached_pv = world.ctx.volume("pvc-uid-data").expect("cached");
@@ -341,14 +337,10 @@ async fn settled_claims_leave_the_cache_settled_volumes_keep_their_identity_no_r
         "a bound PV is kept as its identity"
     );
     assert_eq!(cached_pv.meta().uid.as_deref(), Some("uid-pv"));
-    let cached_claim = Arc::new(cached_claim((*pvc).clone()));
     // The class changes: only unbound claims are re-checked, and the settled ones cost nothing.
     assert!(
         claims::claims_of_class(&world.ctx.claims, &world.ctx.class("fast").unwrap()).is_empty()
     );
-    claims::reconcile_cached(cached_claim, world.ctx.clone())
-        .await
-        .expect("settled claim");
     volumes::reconcile_cached(cached_pv, world.ctx.clone())
         .await
         .expect("settled volume");
@@ -635,17 +627,16 @@ async fn the_intent_log_costs_no_claim_write_and_batches_concurrent_claims() {
     assert_eq!(log.len(), 0);
 }
 
-#[tokio::test]
-async fn recovery_deletes_the_storage_of_a_claim_deleted_while_no_one_worked_on_it() {
+/// Log mode: claim `data` of a slow class whose guest has made the storage when the controller
+/// "dies" (its reconcile is aborted), with the intent in the log.
+async fn crashed_mid_provision() -> World {
     let mut world = World::new(log_settings(), "");
     world.class("slow", json!({"delayMs": "3000"}), json!({}));
     let pvc = world.claim(claim_of("data", "slow", P));
     let log = world.ctx.intents.clone().expect("log mode");
     tokio::spawn(log.clone().run());
-    // The guest made the storage and lingers: the controller "dies" here.
     let crashed = tokio::spawn({
         let ctx = world.ctx.clone();
-        let pvc = pvc.clone();
         async move { claims::reconcile(pvc, ctx).await }
     });
     let started = world.storage.path().join("pvc-u-data.started");
@@ -653,6 +644,12 @@ async fn recovery_deletes_the_storage_of_a_claim_deleted_while_no_one_worked_on_
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     crashed.abort();
+    world
+}
+
+#[tokio::test]
+async fn recovery_deletes_the_storage_of_a_claim_deleted_while_no_one_worked_on_it() {
+    let world = crashed_mid_provision().await;
     assert!(
         world.storage.path().join("pvc-u-data").is_dir(),
         "storage made"
@@ -689,21 +686,7 @@ async fn recovery_deletes_the_storage_of_a_claim_deleted_while_no_one_worked_on_
 
 #[tokio::test]
 async fn recovery_keeps_the_storage_of_a_bound_claim_it_does_not_cache() {
-    let mut world = World::new(log_settings(), "");
-    world.class("slow", json!({"delayMs": "3000"}), json!({}));
-    let pvc = world.claim(claim_of("data", "slow", P));
-    let log = world.ctx.intents.clone().expect("log mode");
-    tokio::spawn(log.clone().run());
-    let crashed = tokio::spawn({
-        let ctx = world.ctx.clone();
-        let pvc = pvc.clone();
-        async move { claims::reconcile(pvc, ctx).await }
-    });
-    let started = world.storage.path().join("pvc-u-data.started");
-    while !started.exists() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    crashed.abort();
+    let mut world = crashed_mid_provision().await;
     // The claim is bound meanwhile (its PV gone again: a Lost claim), so no cache holds it.
     let mut bound = world.api.get(&claim_path("data")).unwrap();
     bound["spec"]["volumeName"] = json!("pvc-u-data");
@@ -834,7 +817,7 @@ async fn a_claim_deleted_between_attempts_is_recovered_by_the_same_process() {
     world.api.remove(&claim_path("data"));
     world
         .claims
-        .apply_watcher_event(&watcher::Event::Delete(cached_claim((*pvc).clone())));
+        .apply_watcher_event(&watcher::Event::Delete((*pvc).clone()));
     let settled = wasm_provisioner::controller::recover_intents(&world.ctx)
         .await
         .expect("recovered");
@@ -881,7 +864,7 @@ async fn node_mode_releases_a_deleted_claim_whose_node_is_gone() {
     gone["metadata"]["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
     gone["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] = json!("n2");
     let pvc = world.claim(gone);
-    claims.apply_watcher_event(&watcher::Event::Apply(cached_claim((*pvc).clone())));
+    claims.apply_watcher_event(&watcher::Event::Apply((*pvc).clone()));
     claims::reconcile(pvc, ctx.clone()).await.expect("released");
     assert!(
         world.finalizers("data").is_empty(),
