@@ -330,12 +330,7 @@ async fn provision_run(
     let plugins = tempfile::tempdir()?;
     plugins_with(plugins.path(), storage.path(), &["hostpath"]);
     let ns = format!("bench-{tag}");
-    Api::<Namespace>::all(admin.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-        )
-        .await?;
+    create_namespace(admin, &ns).await?;
     let class = format!("bench-{tag}");
     Api::<StorageClass>::all(admin.clone())
         .create(
@@ -486,15 +481,24 @@ fn rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
-/// One provisioner process over `plugins` until its RSS settles: (start to "controller started",
-/// settled RSS in KiB).
-async fn settled_rss(
+async fn create_namespace(admin: &Client, ns: &str) -> anyhow::Result<()> {
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
+        )
+        .await?;
+    Ok(())
+}
+
+/// `wasm-provisioner run` as the cluster admin, one replica, over `plugins` with `cache`.
+fn admin_run(
     cp: &ControlPlane,
     plugins: &Path,
     cache: &Path,
     extra: &[&str],
-    tag: &str,
-) -> anyhow::Result<(Duration, u64)> {
+    log: &str,
+) -> std::process::Command {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
     cmd.args(["run", "--plugins"])
         .arg(plugins)
@@ -504,7 +508,20 @@ async fn settled_rss(
         .arg(cp.admin_kubeconfig())
         .args(["--leader-election=false"])
         .args(extra)
-        .env("RUST_LOG", "info");
+        .env("RUST_LOG", log);
+    cmd
+}
+
+/// One provisioner process over `plugins` until its RSS settles: (start to "controller started",
+/// settled RSS in KiB).
+async fn settled_rss(
+    cp: &ControlPlane,
+    plugins: &Path,
+    cache: &Path,
+    extra: &[&str],
+    tag: &str,
+) -> anyhow::Result<(Duration, u64)> {
+    let cmd = admin_run(cp, plugins, cache, extra, "info");
     let start = Instant::now();
     let mut process = Process::spawn(cmd, cp.run_dir().join(format!("bench-memory-{tag}.log")))?;
     wait_for("controller started", Duration::from_secs(120), || async {
@@ -529,12 +546,7 @@ async fn settled_rss(
 /// M claims bound to M PVs (pre-bound both ways; kube-controller-manager completes the binding),
 /// as in a cluster whose volumes are all in use. Returns how many claims are Bound.
 async fn bound_pairs(admin: &Client, ns: &str, m: usize) -> anyhow::Result<usize> {
-    Api::<Namespace>::all(admin.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-        )
-        .await?;
+    create_namespace(admin, ns).await?;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), ns);
     let pvs: Api<PersistentVolume> = Api::all(admin.clone());
     futures::stream::iter(0..m)
@@ -585,12 +597,7 @@ async fn first_pv_runs(
     runs: usize,
 ) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
     let ns = "bench-first";
-    Api::<Namespace>::all(admin.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}}))?,
-        )
-        .await?;
+    create_namespace(admin, ns).await?;
     Api::<StorageClass>::all(admin.clone())
         .create(
             &PostParams::default(),
@@ -601,16 +608,13 @@ async fn first_pv_runs(
     let pvs: Api<PersistentVolume> = Api::all(admin.clone());
     let (mut ready, mut first) = (Vec::new(), Vec::new());
     for run in 0..runs {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
-        cmd.args(["run", "--plugins"])
-            .arg(plugins)
-            .arg("--module-cache")
-            .arg(cache)
-            .arg("--kubeconfig")
-            .arg(cp.admin_kubeconfig())
-            .args(["--leader-election=false"])
-            .args(["--leader-election-namespace", "wasm-provisioner"])
-            .env("RUST_LOG", "warn,wasm_provisioner::controller::start=info");
+        let cmd = admin_run(
+            cp,
+            plugins,
+            cache,
+            &["--leader-election-namespace", "wasm-provisioner"],
+            "warn,wasm_provisioner::controller::start=info",
+        );
         let start = Instant::now();
         let mut process = Process::spawn(cmd, cp.run_dir().join(format!("bench-first-{run}.log")))?;
         wait_for("provisioner ready", Duration::from_secs(300), || async {
