@@ -428,7 +428,7 @@ async fn call_guest(
             let ahead = intents_ahead(handle, &ctx.plugins(), uid, log);
             log.record(
                 uid,
-                &Intent::new(&class.provisioner, &pv_name, pvc, class),
+                &Intent::provision(&class.provisioner, &pv_name, pvc, class),
                 ahead,
             )
             .await?;
@@ -531,7 +531,10 @@ fn intents_ahead(
         if ctx.claim_book.is_given_up(uid, claim_fingerprint(pvc, ctx)) {
             continue;
         }
-        ahead.push((uid.to_string(), Intent::new(provisioner, &pv, pvc, &class)));
+        ahead.push((
+            uid.to_string(),
+            Intent::provision(provisioner, &pv, pvc, &class),
+        ));
     }
     ahead
 }

@@ -16,7 +16,7 @@ use super::decide;
 use super::events;
 use super::gate::{GateError, LockKey};
 use super::handle::Handle;
-use super::intent::Intent;
+use super::intent::{Intent, ProvisionIntent};
 use crate::controller::convert::{self, PvIdentity};
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
 use crate::wasm::{CallError, Guest};
@@ -338,7 +338,8 @@ async fn delete_storage_with_retries(
 
 /// Intent-log recovery: entries of claims that are gone get their storage deleted by their
 /// guest, from the recorded claim and class; entries whose PV exists are dropped; entries of
-/// claims still there, or in flight in this process, are left to the claim path. Returns how
+/// claims still there, or in flight in this process, are left to the claim path. Volume entries
+/// go to [`super::volumes::recover`]. Returns how
 /// many entries were settled.
 pub(super) async fn recover_intents(ctx: &Context) -> Result<usize, kube::Error> {
     let Some(log) = &ctx.intents else {
@@ -349,15 +350,27 @@ pub(super) async fn recover_intents(ctx: &Context) -> Result<usize, kube::Error>
         if log_name == log.name() && log.is_fresh(&uid) {
             continue;
         }
-        let Ok(handle) = Handle::open(ctx, LockKey::Claim(uid.clone())) else {
+        let key = match intent {
+            Intent::Provision(_) => LockKey::Claim(uid.clone()),
+            Intent::Delete(_) => LockKey::Volume(uid.clone()),
+        };
+        let Ok(handle) = Handle::open(ctx, key) else {
             // Not the leader (any more): the leader recovers.
             break;
         };
-        match recover_one(&handle, &intent).await {
+        let outcome = match &intent {
+            Intent::Provision(intent) => recover_one(&handle, intent)
+                .await
+                .map_err(|e| e.to_string()),
+            Intent::Delete(intent) => super::volumes::recover(&handle, intent)
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        match outcome {
             Ok(true) => settled.entry(log_name).or_default().push(uid),
             Ok(false) => {}
             Err(error) => {
-                tracing::warn!(%error, pv = %intent.pv, "recovering an intent failed; retried later")
+                tracing::warn!(%error, pv = %intent.pv(), "recovering an intent failed; retried later")
             }
         }
     }
@@ -370,7 +383,7 @@ pub(super) async fn recover_intents(ctx: &Context) -> Result<usize, kube::Error>
 }
 
 /// Settles one intent; `Ok(false)`: not now (the claim path owns it, or its guest is away).
-async fn recover_one(handle: &Handle<'_>, intent: &Intent) -> Result<bool, ClaimError> {
+async fn recover_one(handle: &Handle<'_>, intent: &ProvisionIntent) -> Result<bool, ClaimError> {
     if handle.pv_known(&intent.pv) || handle.get_pv(&intent.pv).await?.is_some() {
         return Ok(true);
     }

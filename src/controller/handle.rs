@@ -249,27 +249,54 @@ impl<'a> Handle<'a> {
     where
         E: From<GateError> + From<kube::Error>,
     {
+        Ok(self.send_pv_delete(live, false).await?? == PvDeleted::Now)
+    }
+
+    /// Deletes the PV only if it is still exactly the version we looked at (UID and
+    /// resourceVersion preconditions): the API server's own check that nothing changed since,
+    /// however far behind the cache is, in the same request as the delete.
+    pub async fn delete_pv_unchanged<E>(&self, seen: &PersistentVolume) -> Result<PvDeleted, E>
+    where
+        E: From<GateError> + From<kube::Error>,
+    {
+        match self.send_pv_delete(seen, true).await? {
+            Err(kube::Error::Api(status)) if status.is_conflict() => Ok(PvDeleted::Changed),
+            other => Ok(other?),
+        }
+    }
+
+    async fn send_pv_delete(
+        &self,
+        pv: &PersistentVolume,
+        same_version: bool,
+    ) -> Result<Result<PvDeleted, kube::Error>, GateError> {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
-                uid: live.metadata.uid.clone(),
-                resource_version: None,
+                uid: pv.metadata.uid.clone(),
+                resource_version: pv
+                    .metadata
+                    .resource_version
+                    .clone()
+                    .filter(|_| same_version),
             }),
             ..DeleteParams::default()
         };
         self.gate.check().await?;
         self.budget().await;
-        let uid = live.metadata.uid.as_deref().unwrap_or_default();
-        match Api::<PersistentVolume>::all(self.ctx.client.clone())
-            .delete(&live.name_any(), &params)
-            .await
-        {
-            Ok(_) => {
-                self.ctx.recent.deleted(uid);
-                Ok(true)
-            }
-            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(false),
-            Err(error) => Err(error.into()),
-        }
+        let uid = pv.metadata.uid.as_deref().unwrap_or_default();
+        Ok(
+            match Api::<PersistentVolume>::all(self.ctx.client.clone())
+                .delete(&pv.name_any(), &params)
+                .await
+            {
+                Ok(_) => {
+                    self.ctx.recent.deleted(uid);
+                    Ok(PvDeleted::Now)
+                }
+                Err(kube::Error::Api(status)) if status.is_not_found() => Ok(PvDeleted::Gone),
+                Err(error) => Err(error),
+            },
+        )
     }
 
     /// Adds or removes the library's PV finalizer (strategic merge: only our entry, no conflict
@@ -294,6 +321,17 @@ impl<'a> Handle<'a> {
             Err(error) => Err(error.into()),
         }
     }
+}
+
+/// What a PV delete with preconditions did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PvDeleted {
+    /// This request deleted it (or marked it for deletion behind finalizers).
+    Now,
+    /// It did not exist.
+    Gone,
+    /// It exists, but not as the version (or UID) we looked at.
+    Changed,
 }
 
 /// Our own writes of the last [`WRITE_MEMORY`]: what the caches may not show yet.

@@ -1,20 +1,26 @@
-//! The intent log: one ConfigMap per replica listing the claims whose guest it is about to call,
-//! with what deleting their storage needs. It is written before any guest call, in batches: all
-//! claims waiting at one moment share one write, and entries of finished claims leave with the
-//! next write. That is the leak protection of the claim finalizer (a claim deleted mid-provision,
-//! a crash between the guest call and the PV create) at about one write per claim on the API
-//! budget (the PV create) instead of three, and claims carry nothing of ours that could keep
-//! them from being deleted once the provisioner is gone.
+//! The intent log: one ConfigMap per replica listing the storage it may be about to leave without
+//! an object naming it, with what deleting that storage needs. Two kinds of entries:
+//! - a claim whose guest it is about to call (the storage may exist before its PV does);
+//! - a Released PV it is about to delete ahead of its storage (the PV goes first).
 //!
-//! Recovery ([`recover`]) reads the logs of every replica of this provisioner: an entry whose PV
-//! exists, or whose claim is still there, is left to the normal path; an entry whose claim is gone
-//! has its storage deleted by its guest, from the recorded claim and class.
+//! It is written in batches: all entries waiting at one moment share one write, and finished
+//! entries leave with the next write. That is the leak protection of the claim finalizer (a claim
+//! deleted mid-provision, a crash between the guest call and the PV create) at about one write per
+//! claim on the API budget (the PV create) instead of three, and one per deleted volume (the PV
+//! delete) instead of two; and claims carry nothing of ours that could keep them from being
+//! deleted once the provisioner is gone.
+//!
+//! Recovery (`cleanup::recover_intents`) reads the logs of every replica of this provisioner: a
+//! claim entry whose PV exists, or whose claim is still there, is left to the normal path; one
+//! whose claim is gone has its storage deleted by its guest, from the recorded claim and class. A
+//! volume entry whose PV is still there and not being deleted is left to the normal path; one
+//! whose PV is gone (or going while Released) has its storage deleted from the recorded PV.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -29,9 +35,20 @@ pub const LOG_LABEL: &str = "wasm-provisioner.dev/intents";
 /// their own (they are not needed for safety, only for tidiness).
 const IDLE_FLUSH: Duration = Duration::from_secs(2);
 
+/// One entry of the log: what deleting some storage needs if the process dies before the
+/// object that names that storage (a PV, or the claim it was made for) can be looked at again.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Intent {
+    /// A Released PV is about to be deleted ahead of its storage (keyed by the PV's UID).
+    Delete(Box<DeleteIntent>),
+    /// A claim's guest is about to be called to make storage (keyed by the claim's UID).
+    Provision(Box<ProvisionIntent>),
+}
+
 /// What deleting a claim's storage needs when the claim itself is gone.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Intent {
+pub struct ProvisionIntent {
     /// The provisioner (which guest).
     pub provisioner: String,
     /// The PV name (deterministic, from the claim UID).
@@ -42,9 +59,23 @@ pub struct Intent {
     pub class: StorageClass,
 }
 
+/// What deleting a volume's storage needs once its PV is gone: the PV deleted first (with its
+/// resourceVersion as precondition, so only the Released PV we decided on goes) costs one
+/// request per volume where a re-read and a delete cost two.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeleteIntent {
+    /// The provisioner (which guest).
+    pub provisioner: String,
+    /// The PV as it was when it was Released (metadata slimmed, no status).
+    pub volume: PersistentVolume,
+    /// Its class, if it still existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<StorageClass>,
+}
+
 impl Intent {
     /// The intent for `pvc` of `class`, keeping only what a guest's request reads.
-    pub fn new(
+    pub fn provision(
         provisioner: &str,
         pv: &str,
         pvc: &PersistentVolumeClaim,
@@ -60,14 +91,47 @@ impl Intent {
         claim.metadata.uid = pvc.metadata.uid.clone();
         claim.metadata.labels = pvc.metadata.labels.clone();
         claim.metadata.annotations = pvc.metadata.annotations.clone();
-        let class = serde_json::from_str(&super::decide::class_record(class)).unwrap_or_default();
-        Intent {
+        Intent::Provision(Box::new(ProvisionIntent {
             provisioner: provisioner.to_string(),
             pv: pv.to_string(),
             claim,
-            class,
+            class: slim_class(class),
+        }))
+    }
+
+    /// The intent to delete `pv`'s storage after the PV, keeping what a delete request reads.
+    pub fn delete(
+        provisioner: &str,
+        pv: &PersistentVolume,
+        class: Option<&StorageClass>,
+    ) -> Intent {
+        let mut volume = PersistentVolume {
+            metadata: Default::default(),
+            spec: pv.spec.clone(),
+            status: None,
+        };
+        volume.metadata.name = pv.metadata.name.clone();
+        volume.metadata.uid = pv.metadata.uid.clone();
+        volume.metadata.labels = pv.metadata.labels.clone();
+        volume.metadata.annotations = pv.metadata.annotations.clone();
+        Intent::Delete(Box::new(DeleteIntent {
+            provisioner: provisioner.to_string(),
+            volume,
+            class: class.map(slim_class),
+        }))
+    }
+
+    /// The PV this intent is about.
+    pub fn pv(&self) -> &str {
+        match self {
+            Intent::Delete(delete) => delete.volume.metadata.name.as_deref().unwrap_or_default(),
+            Intent::Provision(provision) => &provision.pv,
         }
     }
+}
+
+fn slim_class(class: &StorageClass) -> StorageClass {
+    serde_json::from_str(&super::decide::class_record(class)).unwrap_or_default()
 }
 
 /// Why an intent could not be recorded.
@@ -357,8 +421,13 @@ impl IntentLog {
     /// replica's concurrent write wins, and the entries are looked at again next time).
     pub async fn drop_from(&self, log: &str, uids: &[String]) -> Result<(), kube::Error> {
         if log == self.name {
+            let mut state = self.state.lock().expect("lock");
             for uid in uids {
-                self.done(uid);
+                // Taken up by a reconcile since recovery looked: that reconcile settles it.
+                if !state.fresh.contains(uid) && state.entries.remove(uid).is_some() {
+                    state.entry_generation.remove(uid);
+                    state.removals = true;
+                }
             }
             return Ok(());
         }
@@ -430,12 +499,34 @@ mod tests {
             "provisioner": "p", "parameters": {"k": "v"}
         }))
         .unwrap();
-        let intent = Intent::new("p", "pvc-u", &pvc, &class);
-        let back: Intent = serde_json::from_str(&serde_json::to_string(&intent).unwrap()).unwrap();
+        let intent = Intent::provision("p", "pvc-u", &pvc, &class);
+        let text = serde_json::to_string(&intent).unwrap();
+        let Intent::Provision(back) = serde_json::from_str(&text).unwrap() else {
+            panic!("read back as a delete: {text}");
+        };
         assert_eq!(back.claim.metadata.uid.as_deref(), Some("u"));
         assert_eq!(back.claim.metadata.resource_version, None);
         assert_eq!(back.claim.metadata.finalizers, None);
         assert_eq!(back.class.parameters, class.parameters);
         assert_eq!(back.class.metadata.resource_version, None);
+    }
+
+    #[test]
+    fn a_delete_intent_reads_back_as_one_and_keeps_no_status() {
+        let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pvc-u", "uid": "pu", "resourceVersion": "7",
+                         "finalizers": ["kubernetes.io/pv-protection"]},
+            "spec": {"hostPath": {"path": "/x"}, "persistentVolumeReclaimPolicy": "Delete"},
+            "status": {"phase": "Released"}
+        }))
+        .unwrap();
+        let text = serde_json::to_string(&Intent::delete("p", &pv, None)).unwrap();
+        let Intent::Delete(back) = serde_json::from_str(&text).unwrap() else {
+            panic!("read back as a provision: {text}");
+        };
+        assert_eq!(back.volume.metadata.uid.as_deref(), Some("pu"));
+        assert_eq!(back.volume.metadata.finalizers, None);
+        assert!(back.volume.status.is_none() && back.class.is_none());
+        assert_eq!(Intent::Delete(back).pv(), "pvc-u");
     }
 }

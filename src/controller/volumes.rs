@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
@@ -16,11 +17,12 @@ use super::decide::{self, FINALIZER_PV, has_finalizer};
 use super::events;
 use super::failures::fingerprint;
 use super::gate::{GateError, LockKey};
-use super::handle::Handle;
+use super::handle::{Handle, PvDeleted};
+use super::intent::{DeleteIntent, Intent, IntentError, IntentLog};
 use super::node::{self, VolumeOwner};
 use crate::controller::convert::{self, ConvertError};
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
-use crate::wasm::{Availability, CallError, Plugins};
+use crate::wasm::{Availability, CallError, Guest, Plugins};
 
 /// Why a volume reconcile did not finish.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +45,9 @@ pub enum VolumeError {
     /// This replica may not write now (not the leader, or another replica holds the volume).
     #[error(transparent)]
     Gate(#[from] GateError),
+    /// The intent log could not be written (nothing was deleted).
+    #[error(transparent)]
+    Intent(#[from] IntentError),
 }
 
 impl Failure for VolumeError {
@@ -66,6 +71,7 @@ impl Failure for VolumeError {
             VolumeError::Kube(_) => "api",
             VolumeError::Timeout(_) => "timeout",
             VolumeError::Gate(_) => "not-leader",
+            VolumeError::Intent(_) => "intent",
         }
     }
 
@@ -106,10 +112,16 @@ pub async fn reconcile(
         reference: pv.object_ref(&()),
         operation: Operation::Delete { class },
     };
-    ctx.volume_book
+    let result = ctx
+        .volume_book
         .track(&handle, &tracked, span, delete(&handle, &pv))
         .await
-        .0
+        .0;
+    if let (Some(log), Some(uid)) = (&ctx.intents, pv.metadata.uid.as_deref()) {
+        // An entry still held (storage the guest has not deleted yet) is recovery's from now.
+        log.attempt_over(uid);
+    }
+    result
 }
 
 /// Requeue policy: the shared one (see [`super::bookkeeping::Book::requeue`]).
@@ -181,7 +193,16 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
         .map_err(VolumeError::Guest)?
     {
         tracing::debug!("guest's deletion guard kept the volume");
+        if let (Some(log), Some(uid)) = (&ctx.intents, pv.metadata.uid.as_deref()) {
+            // Recorded ahead of its turn: there is nothing to delete.
+            log.done(uid);
+        }
         return Ok(Done::Nothing);
+    }
+    if let Some(log) = &ctx.intents
+        && !ctx.settings.add_pv_finalizer
+    {
+        return delete_pv_first(handle, pv, &guest, provisioner, log).await;
     }
     // Re-read from the API server: the cache may be behind (the PV rebound, already deleted).
     let Some(live) = handle.get_pv(&name).await? else {
@@ -193,43 +214,145 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
     {
         return Ok(Done::Nothing);
     }
-    let class_name = live
-        .spec
+    let class = ctx.class(&class_name_of(&live));
+    if !delete_storage(handle, &live, &guest, class.as_deref()).await? {
+        return Ok(Done::Nothing);
+    }
+    remove_pv(handle, &live).await?;
+    tracing::info!(guest = guest.name(), "volume deleted");
+    Ok(Done::Succeeded)
+}
+
+/// Intent-log mode: the PV goes first, then its storage, at one request per volume where a
+/// re-read and a delete cost two. The intent (what deleting the storage needs) is durable before
+/// the PV is deleted, so a crash in between leaves the storage to recovery; the delete carries
+/// the resourceVersion we decided on as precondition, so only that Released PV goes, however far
+/// behind the cache is (a PV rebound meanwhile is a conflict, and nothing is deleted).
+async fn delete_pv_first(
+    handle: &Handle<'_>,
+    pv: &PersistentVolume,
+    guest: &Guest,
+    provisioner: &str,
+    log: &IntentLog,
+) -> Result<Done, VolumeError> {
+    let ctx = handle.ctx();
+    let uid = pv.metadata.uid.as_deref().unwrap_or_default();
+    let class = ctx.class(&class_name_of(pv));
+    handle.gate().await?;
+    let ahead = intents_ahead(handle, uid, log);
+    log.record(
+        uid,
+        &Intent::delete(provisioner, pv, class.as_deref()),
+        ahead,
+    )
+    .await?;
+    match handle.delete_pv_unchanged::<VolumeError>(pv).await? {
+        PvDeleted::Now => {}
+        PvDeleted::Changed => {
+            // The cache is behind: its next event brings the PV as it is, and we decide again.
+            tracing::debug!("volume changed since it was read; looking again");
+            log.done(uid);
+            return Ok(Done::Nothing);
+        }
+        PvDeleted::Gone => {
+            log.done(uid);
+            return Ok(Done::Nothing);
+        }
+    }
+    // From here the entry is the only record of the storage: if the guest fails, recovery
+    // retries from it (the reconcile's end hands it over).
+    if delete_storage(handle, pv, guest, class.as_deref()).await? {
+        tracing::info!(guest = guest.name(), "volume deleted");
+    }
+    log.done(uid);
+    Ok(Done::Succeeded)
+}
+
+/// Intents for the volumes that will be deleted next (Released, ours, not yet in the log): one
+/// intent write then covers a queue of deletes. One whose PV is then kept is dropped by recovery
+/// once it sees the PV still there; recovery asks the guest's deletion guard again before it
+/// deletes anything from an entry.
+fn intents_ahead(handle: &Handle<'_>, current: &str, log: &IntentLog) -> Vec<(String, Intent)> {
+    let ctx = handle.ctx();
+    let plugins = ctx.plugins();
+    let mut ahead = Vec::new();
+    for cached in ctx.volumes.state() {
+        if ahead.len() >= AHEAD {
+            break;
+        }
+        let Some(pv) = cached.whole() else {
+            continue;
+        };
+        let Some(uid) = pv.metadata.uid.as_deref() else {
+            continue;
+        };
+        if uid == current || log.holds(uid) || handle.recently_deleted(pv) {
+            continue;
+        }
+        if let Some(node) = &ctx.node
+            && !matches!(node.volume_owner(pv), VolumeOwner::Mine)
+        {
+            continue;
+        }
+        let Some(provisioner) = decide::should_delete(pv, |p| plugins.serves(p), false) else {
+            continue;
+        };
+        let class = ctx.class(&class_name_of(pv));
+        ahead.push((
+            uid.to_string(),
+            Intent::delete(provisioner, pv, class.as_deref()),
+        ));
+    }
+    ahead
+}
+
+/// Volumes recorded ahead per intent write at most.
+const AHEAD: usize = 64;
+
+fn class_name_of(pv: &PersistentVolume) -> String {
+    pv.spec
         .as_ref()
         .and_then(|s| s.storage_class_name.clone())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// Asks the guest to delete the volume's storage. `Ok(false)`: the guest says it holds none of
+/// it (ignored). A failure gets a `VolumeFailedDelete` event.
+async fn delete_storage(
+    handle: &Handle<'_>,
+    pv: &PersistentVolume,
+    guest: &Guest,
+    class: Option<&StorageClass>,
+) -> Result<bool, VolumeError> {
     let request = DeleteRequest {
-        volume: convert::volume(&live)?,
-        storage_class: ctx.class(&class_name).map(|c| convert::storage_class(&c)),
+        volume: convert::volume(pv)?,
+        storage_class: class.map(convert::storage_class),
         config: guest.grants().config_json.clone(),
     };
     match handle.guest(guest.delete(&request)).await? {
-        Ok(()) => {}
+        Ok(()) => Ok(true),
         Err(CallError::Guest {
             error: ProvisionError::Ignored(reason),
             ..
         }) => {
             tracing::debug!(%reason, "guest ignored the volume");
-            return Ok(Done::Nothing);
+            Ok(false)
         }
         Err(CallError::Guest {
             error: ProvisionError::Transient(m) | ProvisionError::InBackground(m),
             ..
-        }) => return Err(VolumeError::Transient(m)),
+        }) => Err(VolumeError::Transient(m)),
         Err(error) => {
             handle.event(
-                &live.object_ref(&()),
+                &pv.object_ref(&()),
                 true,
                 events::VOLUME_FAILED_DELETE,
                 "Delete",
                 error.to_string(),
             );
-            return Err(VolumeError::Guest(error));
+            Err(VolumeError::Guest(error))
         }
     }
-    remove_pv(handle, &live).await?;
-    tracing::info!(guest = guest.name(), "volume deleted");
-    Ok(Done::Succeeded)
 }
 
 /// Deletes the PV object we looked at (UID precondition), then our PV finalizer if it has one.
@@ -335,4 +458,51 @@ fn wait_for_guest(handle: &Handle<'_>, pv: &PersistentVolume, plugins: &Plugins)
             "No guest serves {provisioner} right now ({why}); the volume's storage is deleted once a guest for it is loaded again"
         ),
     );
+}
+
+/// Intent-log recovery of a volume entry. A PV still waiting in the cache for the volume path is
+/// left to it; a PV still there and not being deleted settles the entry (the volume path records
+/// it again if it deletes the PV); a PV gone, or going while Released, has its storage deleted
+/// from the recorded PV once the guest's guard agrees. `Ok(false)`: not now.
+pub(super) async fn recover(
+    handle: &Handle<'_>,
+    intent: &DeleteIntent,
+) -> Result<bool, VolumeError> {
+    let ctx = handle.ctx();
+    let plugins = ctx.plugins();
+    let recorded = &intent.volume;
+    let same = |pv: &PersistentVolume| pv.metadata.uid == recorded.metadata.uid;
+    let waiting = ctx.volume(&recorded.name_any()).is_some_and(|cached| {
+        cached.whole().is_some_and(|pv| {
+            same(pv)
+                && !handle.recently_deleted(pv)
+                && decide::should_delete(pv, |p| plugins.serves(p), false).is_some()
+        })
+    });
+    if waiting {
+        return Ok(false);
+    }
+    if let Some(live) = handle.get_pv(&recorded.name_any()).await?
+        && same(&live)
+    {
+        let released = live.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
+        if live.metadata.deletion_timestamp.is_none() || !released {
+            return Ok(true);
+        }
+    }
+    let Some(guest) = plugins.for_provisioner(&intent.provisioner).cloned() else {
+        tracing::info!(pv = %recorded.name_any(), provisioner = %intent.provisioner, "storage of a deleted volume waits for its guest");
+        return Ok(false);
+    };
+    if !handle
+        .guest(guest.should_delete(&convert::volume(recorded)?))
+        .await?
+        .map_err(VolumeError::Guest)?
+    {
+        return Ok(true);
+    }
+    if delete_storage(handle, recorded, &guest, intent.class.as_ref()).await? {
+        tracing::info!(pv = %recorded.name_any(), guest = guest.name(), "deleted the storage of a deleted volume (intent log)");
+    }
+    Ok(true)
 }

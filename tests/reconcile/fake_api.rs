@@ -1,7 +1,8 @@
 //! A fake API server behind a real `kube::Client`: an in-memory object map answering the GET,
 //! POST, PATCH and DELETE requests the reconciles make, and a log of every request for asserts.
-//! Only the semantics the controller relies on: NotFound, AlreadyExists, UID preconditions on
-//! delete, resourceVersion preconditions on merge patches, finalizer and annotation patches.
+//! Only the semantics the controller relies on: NotFound, AlreadyExists, UID and resourceVersion
+//! preconditions on delete, resourceVersion preconditions on merge patches, finalizer and
+//! annotation patches.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -203,7 +204,10 @@ impl FakeApi {
                     return not_found(path);
                 };
                 let uid = &body["preconditions"]["uid"];
-                if !uid.is_null() && *uid != object["metadata"]["uid"] {
+                let version = &body["preconditions"]["resourceVersion"];
+                if (!uid.is_null() && *uid != object["metadata"]["uid"])
+                    || (!version.is_null() && *version != object["metadata"]["resourceVersion"])
+                {
                     return status(StatusCode::CONFLICT, "Conflict", path);
                 }
                 let object = state.objects.remove(path).expect("present");

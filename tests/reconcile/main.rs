@@ -22,6 +22,7 @@ use wasm_provisioner::controller::cache::{self, CachedVolume};
 use wasm_provisioner::controller::claims::{self, ClaimError};
 use wasm_provisioner::controller::decide::{ANN_CLASS_RECORD, FINALIZER_CLAIM, FINALIZER_PV};
 use wasm_provisioner::controller::gate::Mode;
+use wasm_provisioner::controller::intent::Intent;
 use wasm_provisioner::controller::plan::ANN_MAX_IN_FLIGHT;
 use wasm_provisioner::controller::{Caches, Context, IntentRecord, Settings, volumes};
 use wasm_provisioner::metrics::{Metrics, Queue};
@@ -903,4 +904,175 @@ async fn one_intent_write_covers_the_queue_of_claims_behind_it() {
     for n in 0..8 {
         assert!(world.api.get(&pv_path(&format!("pvc-u-q{n}"))).is_some());
     }
+}
+
+/// A Released PV of ours, annotated as the scripted guest reads it, with storage to delete.
+fn released_with_storage(
+    world: &mut World,
+    name: &str,
+    annotations: Value,
+) -> Arc<PersistentVolume> {
+    let mut pv = our_pv(name, "Released", false, &[]);
+    for (key, value) in annotations.as_object().into_iter().flatten() {
+        pv["metadata"]["annotations"][key] = value.clone();
+    }
+    std::fs::create_dir_all(world.storage.path().join(name)).expect("storage");
+    world.volume(pv)
+}
+
+fn pv_requests(world: &World) -> Vec<fake_api::Seen> {
+    world
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with("/api/v1/persistentvolumes"))
+        .collect()
+}
+
+#[tokio::test]
+async fn in_log_mode_a_released_volume_costs_one_request_and_one_write_covers_the_queue() {
+    let mut world = World::new(log_settings(), "");
+    world.class("fast", json!({}), json!({}));
+    let volumes: Vec<_> = (0..8)
+        .map(|n| released_with_storage(&mut world, &format!("pvc-d{n}"), json!({})))
+        .collect();
+    let log = world.ctx.intents.clone().expect("log mode");
+    tokio::spawn(log.clone().run());
+    for pv in &volumes {
+        volumes::reconcile(pv.clone(), world.ctx.clone())
+            .await
+            .expect("deleted");
+    }
+    let requests = pv_requests(&world);
+    assert_eq!(
+        requests.len(),
+        8,
+        "one request per volume, no re-read: {:#?}",
+        world.api.calls()
+    );
+    for request in &requests {
+        assert_eq!(request.method, http::Method::DELETE);
+        assert!(
+            request.body["preconditions"]["resourceVersion"].is_string(),
+            "the delete holds the version decided on: {}",
+            request.body
+        );
+    }
+    assert_eq!(
+        intent_writes(&world),
+        1,
+        "the first volume's write records the seven queued behind it"
+    );
+    for n in 0..8 {
+        let name = format!("pvc-d{n}");
+        assert!(world.api.get(&pv_path(&name)).is_none(), "{name} removed");
+        assert!(
+            !world.storage.path().join(&name).exists(),
+            "{name}'s storage deleted"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(log.len(), 0, "finished volumes leave the log");
+}
+
+#[tokio::test]
+async fn a_volume_rebound_since_the_cache_saw_it_keeps_its_storage() {
+    let mut world = World::new(log_settings(), "");
+    world.class("fast", json!({}), json!({}));
+    let stale = released_with_storage(&mut world, "pvc-re", json!({}));
+    // The API server has it Bound again (an admin cleared its claimRef); the cache is behind.
+    world
+        .api
+        .put(&pv_path("pvc-re"), our_pv("pvc-re", "Bound", false, &[]));
+    let log = world.ctx.intents.clone().expect("log mode");
+    tokio::spawn(log.clone().run());
+    volumes::reconcile(stale, world.ctx.clone())
+        .await
+        .expect("nothing to do");
+    assert!(world.api.get(&pv_path("pvc-re")).is_some(), "PV kept");
+    assert!(
+        world.storage.path().join("pvc-re").is_dir(),
+        "storage of a rebound volume kept"
+    );
+    assert!(!world.guest_calls().contains("delete"));
+    assert_eq!(log.len(), 0, "its entry is dropped");
+}
+
+#[tokio::test]
+async fn storage_whose_pv_went_first_is_deleted_by_recovery_after_a_restart() {
+    let mut world = World::new(log_settings(), "");
+    world.class("fast", json!({}), json!({}));
+    let pv = released_with_storage(
+        &mut world,
+        "pvc-f",
+        json!({
+            "scripted.wasm-provisioner.dev/delete-fail": "transient",
+            "scripted.wasm-provisioner.dev/delete-fail-times": "1",
+        }),
+    );
+    let log = world.ctx.intents.clone().expect("log mode");
+    tokio::spawn(log.clone().run());
+    let error = volumes::reconcile(pv, world.ctx.clone())
+        .await
+        .expect_err("the guest's first delete fails");
+    assert_eq!(error.label(), "transient");
+    assert!(
+        world.api.get(&pv_path("pvc-f")).is_none(),
+        "the PV went first"
+    );
+    assert!(world.storage.path().join("pvc-f").is_dir());
+    let stored = world.api.objects_under(LOGS);
+    assert!(
+        stored[0]["data"]["uid-pvc-f"].is_string(),
+        "what deleting the storage needs is in the log: {}",
+        stored[0]
+    );
+    // The process dies here. The next one has nothing but the log to go on.
+    let settled = wasm_provisioner::controller::recover_intents(&restarted(&world))
+        .await
+        .expect("recovered");
+    assert_eq!(settled, 1);
+    assert!(
+        !world.storage.path().join("pvc-f").exists(),
+        "the storage of the deleted PV is gone"
+    );
+}
+
+#[tokio::test]
+async fn recovery_leaves_a_volume_entry_whose_pv_is_still_there_and_asks_the_guard() {
+    let mut world = World::new(log_settings(), "");
+    world.class("fast", json!({}), json!({}));
+    let kept = released_with_storage(
+        &mut world,
+        "pvc-k",
+        json!({"scripted.wasm-provisioner.dev/keep": "true"}),
+    );
+    let there = released_with_storage(&mut world, "pvc-t", json!({}));
+    let log = world.ctx.intents.clone().expect("log mode");
+    tokio::spawn(log.clone().run());
+    // Both recorded (one ahead of the other), then the process dies before either PV delete.
+    let intent = |pv: &PersistentVolume| {
+        let uid = pv.metadata.uid.clone().expect("uid");
+        (uid, Intent::delete(P, pv, None))
+    };
+    let ((first, intent), ahead) = (intent(&kept), intent(&there));
+    log.record(&first, &intent, vec![ahead])
+        .await
+        .expect("recorded");
+    log.attempt_over(&first);
+    // The kept one's PV is deleted by hand: recovery must still ask the guard.
+    world.api.remove(&pv_path("pvc-k"));
+    let settled = wasm_provisioner::controller::recover_intents(&restarted(&world))
+        .await
+        .expect("recovered");
+    assert_eq!(settled, 2, "both entries settled");
+    assert!(
+        world.storage.path().join("pvc-k").is_dir(),
+        "the guard keeps a volume's storage even once its PV is gone"
+    );
+    assert!(
+        world.storage.path().join("pvc-t").is_dir(),
+        "storage of a PV still there is left to the volume path"
+    );
+    assert!(!world.guest_calls().contains("delete"));
 }
