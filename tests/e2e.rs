@@ -192,7 +192,8 @@ async fn deleting_the_claim_deletes_pv_and_storage(cp: Arc<ControlPlane>) -> any
     ensure!(dir.is_dir());
     w.claims().delete("data", &DeleteParams::default()).await?;
     w.wait_pv_gone(&pv.name_any()).await?;
-    ensure!(!dir.exists(), "storage deleted with the PV");
+    w.wait_until("storage deleted with the PV", || !dir.exists())
+        .await?;
     Ok(())
 }
 
@@ -623,7 +624,9 @@ async fn a_failed_delete_is_reported_and_retried(cp: Arc<ControlPlane>) -> anyho
     w.wait_event(&pv_uid, "VolumeFailedDelete", &["final error"])
         .await?;
     w.wait_pv_gone(&pv.name_any()).await?;
-    ensure!(!w.storage_of(&pv.name_any()).exists());
+    let storage = w.storage_of(&pv.name_any());
+    w.wait_until("storage deleted by the retry", || !storage.exists())
+        .await?;
     let deletes = w.count_calls("delete");
     ensure!(
         deletes == 2,
@@ -740,10 +743,9 @@ async fn deleting_a_bound_pv_keeps_its_storage_until_the_claim_goes(
     );
     w.claims().delete("data", &DeleteParams::default()).await?;
     w.wait_pv_gone(&name).await?;
-    ensure!(
-        !w.storage_of(&name).exists(),
-        "storage left after the claim went"
-    );
+    let storage = w.storage_of(&name);
+    w.wait_until("storage deleted after the claim went", || !storage.exists())
+        .await?;
     Ok(())
 }
 

@@ -125,7 +125,8 @@ async fn local_path_binds_on_the_selected_node_and_deletes_the_directory(
     let on_node = w.path(&format!("node-a{path}"));
     ensure!(on_node.is_dir(), "{} created", on_node.display());
     w.delete_claim("data", &pv.name_any()).await?;
-    ensure!(!on_node.exists(), "directory removed with the PV");
+    w.wait_until("directory removed with the PV", || !on_node.exists())
+        .await?;
     Ok(())
 }
 
@@ -167,10 +168,10 @@ async fn local_path_local_volumes_and_a_gone_node(cp: Arc<ControlPlane>) -> anyh
     // The node goes away, and its directory with it: the PV is deleted without cleanup.
     std::fs::remove_dir_all(w.path("node-b"))?;
     w.delete_claim("data", &pv.name_any()).await?;
-    ensure!(
-        w.process.log().contains("without cleanup"),
-        "the guest said why"
-    );
+    w.wait_until("the guest said why", || {
+        w.process.log().contains("without cleanup")
+    })
+    .await?;
     Ok(())
 }
 
@@ -203,10 +204,10 @@ async fn nfs_subdir_binds_with_an_nfs_source_and_archives(
     );
     ensure!(w.path(&dir).is_dir());
     w.delete_claim("data", &pv.name_any()).await?;
-    ensure!(
-        !w.path(&dir).exists() && w.path(&format!("archived-{dir}")).is_dir(),
-        "archived"
-    );
+    w.wait_until("archived", || {
+        !w.path(&dir).exists() && w.path(&format!("archived-{dir}")).is_dir()
+    })
+    .await?;
     Ok(())
 }
 
@@ -241,6 +242,12 @@ async fn nfs_subdir_sub_folders_retain_and_delete_after_the_class_is_gone(
     w.delete_claim("archived", &archived_pv.name_any()).await?;
     w.delete_claim("deleted", &deleted_pv.name_any()).await?;
     w.delete_claim("kept", &kept_pv.name_any()).await?;
+    w.wait_until("all three handled", || {
+        !w.path(&w.ns).exists()
+            && w.path(&format!("archived-{}-archived/file", w.ns))
+                .is_file()
+    })
+    .await?;
     ensure!(
         w.path(&format!("archived-{}-archived/file", w.ns))
             .is_file(),

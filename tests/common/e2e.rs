@@ -217,6 +217,20 @@ impl Fixture {
             .await
     }
 
+    /// Polls a condition on this machine (a directory, a log line) until it holds. Storage is
+    /// deleted just after its PV in intent-log mode, so "PV gone" is no proof of it.
+    pub async fn wait_until(
+        &self,
+        what: &str,
+        mut holds: impl FnMut() -> bool,
+    ) -> anyhow::Result<()> {
+        self.wait(what, || {
+            let held = holds();
+            async move { Ok(held.then_some(())) }
+        })
+        .await
+    }
+
     /// (reason, message) of every event about the object with this UID.
     pub async fn events(&self, uid: &str) -> anyhow::Result<Vec<(String, String)>> {
         let events: Api<Event> = Api::all(self.admin.clone());
