@@ -1,6 +1,6 @@
 //! Controller benchmarks against the local real control plane, printed as tables:
 //!
-//! * throughput: N claims provisioned (PVs exist, claims Bound) and deleted (PVs gone) by the
+//! * throughput: N claims provisioned (PVs exist, claims Bound) and deleted (PVs and storage gone) by the
 //!   provisioner with the hostpath guest, next to the API server's raw rate for the same client
 //!   settings (N PVs created and deleted directly with the same QPS, burst and concurrency);
 //! * API requests per claim, read from kube-apiserver's own request counters;
@@ -188,7 +188,8 @@ struct Provisioned {
     pvs_exist: Duration,
     /// First claim POSTed → every claim Bound.
     all_bound: Duration,
-    /// Claims deleted → every PV gone.
+    /// Claims deleted → every PV gone and every volume's storage deleted (with the intent log the
+    /// PV goes first, so its absence alone would flatter us).
     all_gone: Duration,
     /// Per claim: POSTed → its PV exists.
     to_pv: Vec<Duration>,
@@ -198,6 +199,8 @@ struct Provisioned {
     calls_per_claim: BTreeMap<String, f64>,
     /// Writes per claim on the provisioner's main budget (PVs, claims, the intent log).
     writes_per_claim: f64,
+    /// The same while deleting.
+    delete_writes_per_claim: f64,
 }
 
 /// When each object was first seen existing (by name) and gone, from one watch: the benchmark
@@ -418,6 +421,15 @@ async fn provision_run(
     })
     .await
     .with_context(|| process.log_tail(40))?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while names.iter().any(|pv| storage.path().join(pv).exists()) {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "storage left after its PV: {}",
+            process.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let all_gone = start.elapsed();
     events_drained(admin).await?;
     let after_delete = request_counts(admin).await?;
@@ -433,7 +445,7 @@ async fn provision_run(
     // Requests the provisioner makes (PV writes, claim patches, its intent log, events); the PV
     // controller in kube-controller-manager updates PVs and claims too, but with PUT.
     let mut calls_per_claim = BTreeMap::new();
-    let mut writes = 0.0;
+    let (mut writes, mut delete_writes) = (0.0, 0.0);
     for (phase, from, to) in [
         ("provision", &before, &after_provision),
         ("delete", &after_provision, &after_delete),
@@ -453,8 +465,11 @@ async fn provision_run(
             let delta = to.get(&key).unwrap_or(&0.0) - from.get(&key).unwrap_or(&0.0);
             if delta > 0.0 {
                 calls_per_claim.insert(format!("{phase}: {verb} {resource}"), delta / n as f64);
-                if phase == "provision" && main_budget_write {
-                    writes += delta / n as f64;
+                if main_budget_write {
+                    match phase {
+                        "provision" => writes += delta / n as f64,
+                        _ => delete_writes += delta / n as f64,
+                    }
                 }
             }
         }
@@ -467,6 +482,7 @@ async fn provision_run(
         to_gone,
         calls_per_claim,
         writes_per_claim: writes,
+        delete_writes_per_claim: delete_writes,
     })
 }
 
@@ -693,9 +709,9 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
          timed from the provisioner's readiness; {runs} runs per profile (min / median / max)\n"
     );
     println!(
-        "| client settings | all PVs exist, s | PVs/s (median) | claim → PV p50 / p90 / p99, ms | all claims Bound, s | all PVs gone, s | deletes/s (median) | delete → gone p50 / p99, ms | raw PV creates/s | ceiling at its writes/claim, s |"
+        "| client settings | all PVs exist, s | PVs/s (median) | claim → PV p50 / p90 / p99, ms | all claims Bound, s | all PVs and storage gone, s | deletes/s (median) | delete → PV gone p50 / p99, ms | raw PV creates/s | ceiling at its writes/claim, s | delete ceiling at its writes/claim, s |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut calls = Vec::new();
     for (i, profile) in profiles() {
         let (raw_create, _) = raw_rate(admin, n, profile, &i.to_string()).await?;
@@ -720,9 +736,13 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
         let last = results.last().expect("one run at least");
         // The fastest any client making this many writes per claim could go on this budget.
         let writes = last.writes_per_claim;
-        let ceiling = ((n as f64 * writes - profile.burst as f64).max(0.0)) / profile.qps;
+        let ceiling_at =
+            |writes: f64| ((n as f64 * writes - profile.burst as f64).max(0.0)) / profile.qps;
+        let ceiling = ceiling_at(writes);
+        let delete_writes = last.delete_writes_per_claim;
+        let delete_ceiling = ceiling_at(delete_writes);
         println!(
-            "| {} | {exist} | {:.1} | {:.0} / {:.0} / {:.0} | {bound} | {gone} | {:.1} | {:.0} / {:.0} | {:.1} | {ceiling:.1} ({writes:.2} writes) |",
+            "| {} | {exist} | {:.1} | {:.0} / {:.0} / {:.0} | {bound} | {gone} | {:.1} | {:.0} / {:.0} | {:.1} | {ceiling:.1} ({writes:.2} writes) | {delete_ceiling:.1} ({delete_writes:.2} writes) |",
             profile.name,
             rate(n, exist_mid),
             ms(quantile(&mut to_pv, 0.5)),

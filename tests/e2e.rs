@@ -432,6 +432,42 @@ async fn killed_then_claim_deleted_while_down_leaves_no_storage(
     Ok(())
 }
 
+/// Killed after a Released PV went and before its storage did (with the intent log the PV is
+/// deleted first): the restarted controller deletes the storage from the log alone.
+async fn killed_between_pv_delete_and_storage_delete_leaves_no_storage(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "killed-mid-delete", "scripted").await?;
+    w.start(&[])?;
+    // The first two storage deletes fail: the PV goes, its storage stays past the kill.
+    let class = w
+        .class("c")
+        .params(&[("deleteFail", "final"), ("deleteFailTimes", "2")])
+        .create()
+        .await?;
+    w.claim("data").class(&class).create().await?;
+    let pv = w.wait_bound("data").await?;
+    let (name, uid) = (pv.name_any(), pv.metadata.uid.clone().unwrap_or_default());
+    let storage = w.storage_of(&name);
+    w.claims().delete("data", &DeleteParams::default()).await?;
+    w.wait_event(&uid, "VolumeFailedDelete", &["final error"])
+        .await?;
+    w.process.as_mut().unwrap().kill();
+    w.wait_pv_gone(&name).await?;
+    ensure!(storage.exists(), "storage left behind by the crash");
+    w.start(&[])?;
+    w.wait_until("the restarted controller deleted the storage", || {
+        !storage.exists()
+    })
+    .await?;
+    ensure!(
+        w.count_calls("delete") >= 3,
+        "two failed deletes, then the one that worked: {:?}",
+        w.calls()
+    );
+    Ok(())
+}
+
 /// The same crash with the intent on the claim itself (`--intent-record=claim-finalizer`, the
 /// record of per-claim and node modes): the finalizer holds the claim until the cleanup is done.
 async fn killed_then_claim_deleted_while_down_with_claim_finalizer(
@@ -841,6 +877,7 @@ fn main() -> std::process::ExitCode {
             a_claim_deleted_while_the_guest_works_leaves_nothing,
             killed_between_guest_and_pv_create_ends_with_one_pv,
             killed_then_claim_deleted_while_down_leaves_no_storage,
+            killed_between_pv_delete_and_storage_delete_leaves_no_storage,
             killed_then_claim_deleted_while_down_with_claim_finalizer,
             claims_with_the_same_name_over_time_get_their_own_volumes,
             claims_for_other_provisioners_are_never_touched,

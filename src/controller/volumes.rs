@@ -204,21 +204,40 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
     {
         return delete_pv_first(handle, pv, &guest, provisioner, log).await;
     }
-    // Re-read from the API server: the cache may be behind (the PV rebound, already deleted).
-    let Some(live) = handle.get_pv(&name).await? else {
-        return Ok(Done::Nothing);
+    // PV-finalizer mode: our finalizer holds the PV until its storage is gone, so it is marked
+    // for deletion first, with the version decided on as precondition (the API server's own check
+    // that the cache was not behind), and the finalizer comes off once the storage is gone: two
+    // requests, and a failed delete stays in sight as a Terminating PV with its events.
+    let behind_finalizer = ctx.settings.add_pv_finalizer
+        && has_finalizer(&pv.metadata.finalizers, FINALIZER_PV)
+        && pv.metadata.deletion_timestamp.is_none();
+    let live = if behind_finalizer {
+        match handle.delete_pv_unchanged::<VolumeError>(pv).await? {
+            PvDeleted::Now => pv.clone(),
+            PvDeleted::Changed | PvDeleted::Gone => return Ok(Done::Nothing),
+        }
+    } else {
+        // Re-read from the API server: the cache may be behind (the PV rebound, already deleted).
+        let Some(live) = handle.get_pv(&name).await? else {
+            return Ok(Done::Nothing);
+        };
+        if live.metadata.uid != pv.metadata.uid
+            || decide::should_delete(&live, |p| plugins.serves(p), ctx.settings.add_pv_finalizer)
+                .is_none()
+        {
+            return Ok(Done::Nothing);
+        }
+        live
     };
-    if live.metadata.uid != pv.metadata.uid
-        || decide::should_delete(&live, |p| plugins.serves(p), ctx.settings.add_pv_finalizer)
-            .is_none()
-    {
-        return Ok(Done::Nothing);
-    }
     let class = ctx.class(&class_name_of(&live));
     if !delete_storage(handle, &live, &guest, class.as_deref()).await? {
         return Ok(Done::Nothing);
     }
-    remove_pv(handle, &live).await?;
+    if behind_finalizer {
+        handle.set_pv_finalizer::<VolumeError>(&live, false).await?;
+    } else {
+        remove_pv(handle, &live).await?;
+    }
     tracing::info!(guest = guest.name(), "volume deleted");
     Ok(Done::Succeeded)
 }
@@ -239,7 +258,13 @@ async fn delete_pv_first(
     let uid = pv.metadata.uid.as_deref().unwrap_or_default();
     let class = ctx.class(&class_name_of(pv));
     handle.gate().await?;
-    let ahead = intents_ahead(handle, uid, log);
+    // Recorded ahead by an earlier write already: no need to look for more (the scan walks the
+    // whole PV cache).
+    let ahead = if log.holds(uid) {
+        Vec::new()
+    } else {
+        intents_ahead(handle, uid, log)
+    };
     log.record(
         uid,
         &Intent::delete(provisioner, pv, class.as_deref()),

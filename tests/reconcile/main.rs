@@ -1076,3 +1076,37 @@ async fn recovery_leaves_a_volume_entry_whose_pv_is_still_there_and_asks_the_gua
     );
     assert!(!world.guest_calls().contains("delete"));
 }
+
+#[tokio::test]
+async fn in_pv_finalizer_mode_the_pv_is_marked_deleted_first_and_released_after_its_storage() {
+    let mut world = World::new(
+        Settings {
+            add_pv_finalizer: true,
+            ..settings()
+        },
+        "",
+    );
+    world.class("fast", json!({}), json!({}));
+    std::fs::create_dir_all(world.storage.path().join("pvc-pf")).expect("storage");
+    let pv = world.volume(our_pv("pvc-pf", "Released", false, &[FINALIZER_PV]));
+    volumes::reconcile(pv, world.ctx.clone())
+        .await
+        .expect("deleted");
+    let requests = pv_requests(&world);
+    let methods: Vec<_> = requests.iter().map(|r| r.method.as_str()).collect();
+    assert_eq!(
+        methods,
+        ["DELETE", "PATCH"],
+        "marked for deletion, then the finalizer off: {:#?}",
+        world.api.calls()
+    );
+    assert!(
+        requests[0].body["preconditions"]["resourceVersion"].is_string(),
+        "the delete holds the version decided on: {}",
+        requests[0].body
+    );
+    assert!(
+        !world.storage.path().join("pvc-pf").exists(),
+        "storage deleted"
+    );
+}
