@@ -72,8 +72,16 @@ fn base_config() -> Config {
     config
 }
 
+/// Bytes of each pooled memory and table kept resident between calls. A slot is reset to its
+/// initial contents either way: with the kernel's `PAGEMAP_SCAN` (Linux 6.7+) only the pages
+/// the last call dirtied are rewritten, so the next call takes no page faults there and the
+/// reset needs no `madvise` (whose TLB shootdown interrupts the other CPUs); without it the
+/// low bytes are rewritten with `memset`.
+pub const POOL_KEEP_RESIDENT: usize = 256 << 10;
+
 /// The pool: memories up to the largest grant (4 GiB; each guest's own cap is enforced by its
-/// limiter), room for [`POOL_INSTANCES`] component instances, pages returned to the OS on reuse.
+/// limiter), room for [`POOL_INSTANCES`] component instances, the first
+/// [`POOL_KEEP_RESIDENT`] bytes of each slot kept resident, the rest returned to the OS on reuse.
 fn pooling_config() -> Config {
     let mut pool = PoolingAllocationConfig::new();
     pool.total_component_instances(POOL_INSTANCES)
@@ -83,8 +91,9 @@ fn pooling_config() -> Config {
         .total_stacks(POOL_INSTANCES)
         .max_memory_size(4 << 30)
         .table_elements(super::grants::DEFAULT_TABLE_ELEMENTS)
-        .linear_memory_keep_resident(0)
-        .table_keep_resident(0);
+        .linear_memory_keep_resident(POOL_KEEP_RESIDENT)
+        .table_keep_resident(POOL_KEEP_RESIDENT)
+        .pagemap_scan(wasmtime::Enabled::Auto);
     let mut config = base_config();
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     config
