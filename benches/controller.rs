@@ -195,6 +195,8 @@ struct Provisioned {
     to_pv: Vec<Duration>,
     /// Per claim: deleted → its PV gone.
     to_gone: Vec<Duration>,
+    /// Claims deleted → every PV Released by kube-controller-manager (what deleting waits on).
+    all_released: Duration,
     /// API requests per claim, after the provisioner's event queue drained.
     calls_per_claim: BTreeMap<String, f64>,
     /// Writes per claim on the provisioner's main budget (PVs, claims, the intent log).
@@ -209,6 +211,7 @@ struct Provisioned {
 struct Seen {
     applied: HashMap<String, Instant>,
     bound: HashMap<String, Instant>,
+    released: HashMap<String, Instant>,
     deleted: HashMap<String, Instant>,
 }
 
@@ -234,8 +237,14 @@ where
                     let phase = serde_json::to_value(&object)
                         .ok()
                         .and_then(|v| v["status"]["phase"].as_str().map(str::to_string));
-                    if phase.as_deref() == Some("Bound") {
-                        seen.bound.entry(name.clone()).or_insert(now);
+                    match phase.as_deref() {
+                        Some("Bound") => {
+                            seen.bound.entry(name.clone()).or_insert(now);
+                        }
+                        Some("Released") => {
+                            seen.released.entry(name.clone()).or_insert(now);
+                        }
+                        _ => {}
                     }
                     seen.applied.entry(name).or_insert(now);
                 }
@@ -433,9 +442,15 @@ async fn provision_run(
     let all_gone = start.elapsed();
     events_drained(admin).await?;
     let after_delete = request_counts(admin).await?;
-    let to_gone = {
+    let (to_gone, all_released) = {
         let seen = pv_seen.lock().expect("seen");
-        names.iter().map(|pv| seen.deleted[*pv] - start).collect()
+        let released = names
+            .iter()
+            .filter_map(|pv| seen.released.get(*pv))
+            .max()
+            .map_or(Duration::ZERO, |at| *at - start);
+        let gone = names.iter().map(|pv| seen.deleted[*pv] - start).collect();
+        (gone, released)
     };
     for watch in watches {
         watch.abort();
@@ -478,6 +493,7 @@ async fn provision_run(
         pvs_exist,
         all_bound,
         all_gone,
+        all_released,
         to_pv,
         to_gone,
         calls_per_claim,
@@ -713,6 +729,7 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut calls = Vec::new();
+    let mut released = Vec::new();
     for (i, profile) in profiles() {
         let (raw_create, _) = raw_rate(admin, n, profile, &i.to_string()).await?;
         let mut results = Vec::new();
@@ -754,6 +771,7 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
             rate(n, raw_create),
         );
         calls.push((profile.name, last.calls_per_claim.clone()));
+        released.push((profile.name, triple(|r| r.all_released).0));
     }
     println!(
         "\nAPI requests per claim (kube-apiserver's apiserver_request_total deltas, last run, after the event queue drained):\n"
@@ -761,6 +779,12 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
     for (profile, calls) in calls {
         let list: Vec<String> = calls.iter().map(|(k, v)| format!("{k} {v:.2}")).collect();
         println!("- {profile}: {}", list.join(", "));
+    }
+    println!(
+        "\nClaims deleted → every PV Released by kube-controller-manager (no provisioner can delete sooner), s:\n"
+    );
+    for (profile, times) in released {
+        println!("- {profile}: {times}");
     }
     Ok(())
 }

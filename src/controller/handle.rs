@@ -358,7 +358,7 @@ impl RecentWrites {
         self.deleted.lock().expect("lock").insert(uid, ());
     }
 
-    fn was_deleted(&self, uid: &str) -> bool {
+    pub(super) fn was_deleted(&self, uid: &str) -> bool {
         self.deleted.lock().expect("lock").get(uid).is_some()
     }
 

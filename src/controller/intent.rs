@@ -174,8 +174,12 @@ impl LogState {
 /// intents are not recorded ahead, only for the claims being provisioned.
 const MAX_ENTRIES: usize = 512;
 
+/// Intents the writer adds to a write at the moment it makes it (see [`IntentLog::ahead_from`]).
+type AheadSource = Box<dyn Fn(&IntentLog) -> Vec<(String, Intent)> + Send + Sync>;
+
 /// This replica's intent log.
 pub struct IntentLog {
+    ahead: std::sync::OnceLock<AheadSource>,
     api: Api<ConfigMap>,
     name: String,
     group: String,
@@ -195,6 +199,7 @@ impl IntentLog {
         budget: Arc<RateLimiter>,
     ) -> IntentLog {
         IntentLog {
+            ahead: std::sync::OnceLock::new(),
             api: Api::namespaced(client, namespace),
             name: log_name(group, identity),
             group: group.to_string(),
@@ -265,6 +270,16 @@ impl IntentLog {
         }
     }
 
+    /// Where the writer finds more intents to record at the moment it writes (its turn on the
+    /// budget may come a while after the records that woke it): volumes released meanwhile ride
+    /// on the same write instead of waking the next one. Set once; later calls are ignored.
+    pub fn ahead_from(
+        &self,
+        source: impl Fn(&IntentLog) -> Vec<(String, Intent)> + Send + Sync + 'static,
+    ) {
+        let _ = self.ahead.set(Box::new(source));
+    }
+
     /// Whether the log holds an intent for `uid` (written or about to be).
     pub fn holds(&self, uid: &str) -> bool {
         self.state.lock().expect("lock").entries.contains_key(uid)
@@ -307,13 +322,40 @@ impl IntentLog {
             let woken = tokio::time::timeout(IDLE_FLUSH, self.wake.notified())
                 .await
                 .is_ok();
-            let (generation, data, version) = {
-                let state = self.state.lock().expect("lock");
+            let due = |state: &LogState| {
                 let records_waiting = state.generation > state.flushed;
                 // Removals alone are written once things are quiet.
                 let quiet_removals = state.removals && !woken;
-                if !records_waiting && !quiet_removals {
-                    continue;
+                records_waiting || quiet_removals
+            };
+            if !due(&self.state.lock().expect("lock")) {
+                continue;
+            }
+            // The budget first, the snapshot after: every record that arrives while the write
+            // waits its turn (the budget is busiest exactly when records come fastest) rides
+            // on it.
+            self.budget.acquire().await;
+            let records_waiting = {
+                let state = self.state.lock().expect("lock");
+                state.generation > state.flushed
+            };
+            let more = match self.ahead.get() {
+                Some(source) if records_waiting => source(&self),
+                _ => Vec::new(),
+            };
+            let (generation, data, version) = {
+                let mut state = self.state.lock().expect("lock");
+                if state.generation > state.flushed {
+                    let generation = state.generation;
+                    for (uid, intent) in more {
+                        if state.entries.len() >= MAX_ENTRIES {
+                            break;
+                        }
+                        if !state.entries.contains_key(&uid) {
+                            let text = serde_json::to_string(&intent).unwrap_or_default();
+                            state.insert(&uid, text, generation);
+                        }
+                    }
                 }
                 (
                     state.generation,
@@ -347,10 +389,11 @@ impl IntentLog {
         }
     }
 
-    /// Writes `data` as the whole log (create, or replace at `version`). Without a version (the
-    /// first write of this process, or after a failed one) the stored log is read first and its
-    /// entries we do not hold are kept: an earlier process's intents wait for recovery. Returns
-    /// the new version and those adopted entries.
+    /// Writes `data` as the whole log (create, or replace at `version`), its first request on a
+    /// budget token the caller holds. Without a version (the first write of this process, or
+    /// after a failed one) the stored log is read first and its entries we do not hold are kept:
+    /// an earlier process's intents wait for recovery. Returns the new version and those adopted
+    /// entries.
     async fn write(
         &self,
         mut data: BTreeMap<String, String>,
@@ -361,10 +404,10 @@ impl IntentLog {
             message: e.to_string(),
         };
         let mut adopted = BTreeMap::new();
+        let read_first = version.is_none();
         let version = match version {
             Some(version) => Some(version),
             None => {
-                self.budget.acquire().await;
                 let stored = self.api.get_opt(&self.name).await.map_err(error)?;
                 stored.and_then(|cm| {
                     for (uid, text) in cm.data.unwrap_or_default() {
@@ -383,7 +426,9 @@ impl IntentLog {
         };
         cm.metadata.name = Some(self.name.clone());
         cm.metadata.labels = Some([(LOG_LABEL.to_string(), self.group.clone())].into());
-        self.budget.acquire().await;
+        if read_first {
+            self.budget.acquire().await;
+        }
         let saved = match version {
             Some(version) => {
                 cm.metadata.resource_version = Some(version);

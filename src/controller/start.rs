@@ -117,6 +117,7 @@ pub async fn run_watching(
     });
     tasks.spawn(forget_gone_objects(ctx.clone()));
     if let Some(log) = &ctx.intents {
+        super::volumes::install_intents_ahead(&ctx);
         tasks.spawn(log.clone().run());
         tasks.spawn(recover_intents(ctx.clone()));
     }

@@ -263,7 +263,7 @@ async fn delete_pv_first(
     let ahead = if log.holds(uid) {
         Vec::new()
     } else {
-        intents_ahead(handle, uid, log)
+        intents_ahead(ctx, uid, log)
     };
     log.record(
         uid,
@@ -296,9 +296,9 @@ async fn delete_pv_first(
 /// Intents for the volumes that will be deleted next (Released, ours, not yet in the log): one
 /// intent write then covers a queue of deletes. One whose PV is then kept is dropped by recovery
 /// once it sees the PV still there; recovery asks the guest's deletion guard again before it
-/// deletes anything from an entry.
-fn intents_ahead(handle: &Handle<'_>, current: &str, log: &IntentLog) -> Vec<(String, Intent)> {
-    let ctx = handle.ctx();
+/// deletes anything from an entry. The writer asks again when its turn comes
+/// ([`install_intents_ahead`]).
+fn intents_ahead(ctx: &Context, current: &str, log: &IntentLog) -> Vec<(String, Intent)> {
     let plugins = ctx.plugins();
     let mut ahead = Vec::new();
     for cached in ctx.volumes.state() {
@@ -311,7 +311,7 @@ fn intents_ahead(handle: &Handle<'_>, current: &str, log: &IntentLog) -> Vec<(St
         let Some(uid) = pv.metadata.uid.as_deref() else {
             continue;
         };
-        if uid == current || log.holds(uid) || handle.recently_deleted(pv) {
+        if uid == current || log.holds(uid) || ctx.recent.was_deleted(uid) {
             continue;
         }
         if let Some(node) = &ctx.node
@@ -329,6 +329,21 @@ fn intents_ahead(handle: &Handle<'_>, current: &str, log: &IntentLog) -> Vec<(St
         ));
     }
     ahead
+}
+
+/// Lets the intent-log writer record the volumes released by the time its write goes out: PVs
+/// are released one by one by kube-controller-manager, so the queue seen when a record is made
+/// is short, and the one seen a budget turn later is longer.
+pub fn install_intents_ahead(ctx: &Arc<Context>) {
+    let (Some(log), false) = (&ctx.intents, ctx.settings.add_pv_finalizer) else {
+        return;
+    };
+    let weak = Arc::downgrade(ctx);
+    log.ahead_from(move |log| {
+        weak.upgrade()
+            .map(|ctx| intents_ahead(&ctx, "", log))
+            .unwrap_or_default()
+    });
 }
 
 /// Volumes recorded ahead per intent write at most.

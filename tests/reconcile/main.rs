@@ -22,7 +22,7 @@ use wasm_provisioner::controller::cache::{self, CachedVolume};
 use wasm_provisioner::controller::claims::{self, ClaimError};
 use wasm_provisioner::controller::decide::{ANN_CLASS_RECORD, FINALIZER_CLAIM, FINALIZER_PV};
 use wasm_provisioner::controller::gate::Mode;
-use wasm_provisioner::controller::intent::Intent;
+use wasm_provisioner::controller::intent::{Intent, IntentLog};
 use wasm_provisioner::controller::plan::ANN_MAX_IN_FLIGHT;
 use wasm_provisioner::controller::{Caches, Context, IntentRecord, Settings, volumes};
 use wasm_provisioner::metrics::{Metrics, Queue};
@@ -113,6 +113,16 @@ impl World {
             storage,
             _plugins: plugins,
         }
+    }
+
+    /// Log mode with class `fast` and the intent-log writer running, and the log.
+    fn logged() -> (World, Arc<IntentLog>) {
+        let mut world = World::new(log_settings(), "");
+        world.class("fast", json!({}), json!({}));
+        let log = world.ctx.intents.clone().expect("log mode");
+        volumes::install_intents_ahead(&world.ctx);
+        tokio::spawn(log.clone().run());
+        (world, log)
     }
 
     fn class(&mut self, name: &str, parameters: Value, annotations: Value) {
@@ -592,13 +602,10 @@ fn intent_writes(world: &World) -> usize {
 
 #[tokio::test]
 async fn the_intent_log_costs_no_claim_write_and_batches_concurrent_claims() {
-    let mut world = World::new(log_settings(), "");
-    world.class("fast", json!({}), json!({}));
+    let (mut world, log) = World::logged();
     let claims: Vec<_> = (0..8)
         .map(|n| world.claim(claim_of(&format!("c{n}"), "fast", P)))
         .collect();
-    let log = world.ctx.intents.clone().expect("log mode");
-    tokio::spawn(log.clone().run());
     let reconciles = claims.iter().map(|pvc| world.provision(pvc));
     for result in futures::future::join_all(reconciles).await {
         result.expect("provisioned");
@@ -886,13 +893,10 @@ async fn node_mode_releases_a_deleted_claim_whose_node_is_gone() {
 
 #[tokio::test]
 async fn one_intent_write_covers_the_queue_of_claims_behind_it() {
-    let mut world = World::new(log_settings(), "");
-    world.class("fast", json!({}), json!({}));
+    let (mut world, _) = World::logged();
     let claims: Vec<_> = (0..8)
         .map(|n| world.claim(claim_of(&format!("q{n}"), "fast", P)))
         .collect();
-    let log = world.ctx.intents.clone().expect("log mode");
-    tokio::spawn(log.clone().run());
     for pvc in &claims {
         world.provision(pvc).await.expect("provisioned");
     }
@@ -931,13 +935,10 @@ fn pv_requests(world: &World) -> Vec<fake_api::Seen> {
 
 #[tokio::test]
 async fn in_log_mode_a_released_volume_costs_one_request_and_one_write_covers_the_queue() {
-    let mut world = World::new(log_settings(), "");
-    world.class("fast", json!({}), json!({}));
+    let (mut world, log) = World::logged();
     let volumes: Vec<_> = (0..8)
         .map(|n| released_with_storage(&mut world, &format!("pvc-d{n}"), json!({})))
         .collect();
-    let log = world.ctx.intents.clone().expect("log mode");
-    tokio::spawn(log.clone().run());
     for pv in &volumes {
         volumes::reconcile(pv.clone(), world.ctx.clone())
             .await
@@ -977,15 +978,12 @@ async fn in_log_mode_a_released_volume_costs_one_request_and_one_write_covers_th
 
 #[tokio::test]
 async fn a_volume_rebound_since_the_cache_saw_it_keeps_its_storage() {
-    let mut world = World::new(log_settings(), "");
-    world.class("fast", json!({}), json!({}));
+    let (mut world, log) = World::logged();
     let stale = released_with_storage(&mut world, "pvc-re", json!({}));
     // The API server has it Bound again (an admin cleared its claimRef); the cache is behind.
     world
         .api
         .put(&pv_path("pvc-re"), our_pv("pvc-re", "Bound", false, &[]));
-    let log = world.ctx.intents.clone().expect("log mode");
-    tokio::spawn(log.clone().run());
     volumes::reconcile(stale, world.ctx.clone())
         .await
         .expect("nothing to do");
@@ -1000,8 +998,7 @@ async fn a_volume_rebound_since_the_cache_saw_it_keeps_its_storage() {
 
 #[tokio::test]
 async fn storage_whose_pv_went_first_is_deleted_by_recovery_after_a_restart() {
-    let mut world = World::new(log_settings(), "");
-    world.class("fast", json!({}), json!({}));
+    let (mut world, _) = World::logged();
     let pv = released_with_storage(
         &mut world,
         "pvc-f",
@@ -1010,8 +1007,6 @@ async fn storage_whose_pv_went_first_is_deleted_by_recovery_after_a_restart() {
             "scripted.wasm-provisioner.dev/delete-fail-times": "1",
         }),
     );
-    let log = world.ctx.intents.clone().expect("log mode");
-    tokio::spawn(log.clone().run());
     let error = volumes::reconcile(pv, world.ctx.clone())
         .await
         .expect_err("the guest's first delete fails");
@@ -1040,16 +1035,13 @@ async fn storage_whose_pv_went_first_is_deleted_by_recovery_after_a_restart() {
 
 #[tokio::test]
 async fn recovery_leaves_a_volume_entry_whose_pv_is_still_there_and_asks_the_guard() {
-    let mut world = World::new(log_settings(), "");
-    world.class("fast", json!({}), json!({}));
+    let (mut world, log) = World::logged();
     let kept = released_with_storage(
         &mut world,
         "pvc-k",
         json!({"scripted.wasm-provisioner.dev/keep": "true"}),
     );
     let there = released_with_storage(&mut world, "pvc-t", json!({}));
-    let log = world.ctx.intents.clone().expect("log mode");
-    tokio::spawn(log.clone().run());
     // Both recorded (one ahead of the other), then the process dies before either PV delete.
     let intent = |pv: &PersistentVolume| {
         let uid = pv.metadata.uid.clone().expect("uid");
@@ -1109,4 +1101,39 @@ async fn in_pv_finalizer_mode_the_pv_is_marked_deleted_first_and_released_after_
         !world.storage.path().join("pvc-pf").exists(),
         "storage deleted"
     );
+}
+
+#[tokio::test]
+async fn a_volume_released_while_the_intent_write_waits_for_the_budget_rides_on_it() {
+    let mut world = World::new(
+        Settings {
+            kube_api_qps: 2.0,
+            kube_api_burst: 1,
+            ..log_settings()
+        },
+        "",
+    );
+    world.class("fast", json!({}), json!({}));
+    let log = world.ctx.intents.clone().expect("log mode");
+    volumes::install_intents_ahead(&world.ctx);
+    tokio::spawn(log.clone().run());
+    let first = released_with_storage(&mut world, "pvc-w1", json!({}));
+    // The budget is spent: the write recording the first volume waits about a second for its turn.
+    world.ctx.api_rate.acquire().await;
+    world.ctx.api_rate.acquire().await;
+    let deleting = tokio::spawn(volumes::reconcile(first, world.ctx.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(intent_writes(&world), 0, "the write waits for the budget");
+    let second = released_with_storage(&mut world, "pvc-w2", json!({}));
+    deleting.await.expect("joined").expect("deleted");
+    assert_eq!(intent_writes(&world), 1);
+    assert!(
+        log.holds("uid-pvc-w2"),
+        "the volume released while the write waited is in it"
+    );
+    volumes::reconcile(second, world.ctx.clone())
+        .await
+        .expect("deleted");
+    assert_eq!(intent_writes(&world), 1, "its own delete needs no write");
+    assert!(world.api.get(&pv_path("pvc-w2")).is_none());
 }
