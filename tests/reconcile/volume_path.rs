@@ -1,0 +1,304 @@
+//! The volume path against the fake API server: which PVs are deleted, in how many requests, and
+//! how storage whose PV went first is looked after by the intent log's recovery.
+
+use super::*;
+
+fn our_pv(name: &str, phase: &str, deleting: bool, finalizers: &[&str]) -> Value {
+    let mut pv = json!({
+        "metadata": {"name": name, "uid": format!("uid-{name}"), "finalizers": finalizers,
+                     "annotations": {"pv.kubernetes.io/provisioned-by": P}},
+        "spec": {"persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
+                 "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                 "hostPath": {"path": "/nowhere"}},
+        "status": {"phase": phase}
+    });
+    if deleting {
+        pv["metadata"]["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
+    }
+    pv
+}
+
+#[tokio::test]
+async fn a_released_volume_is_deleted_by_its_guest_then_removed() {
+    let mut world = World::new(settings(), "");
+    world.class("fast", json!({}), json!({}));
+    let pv = world.volume(our_pv("pvc-r", "Released", false, &[]));
+    volumes::reconcile(pv, world.ctx.clone())
+        .await
+        .expect("deleted");
+    assert!(world.guest_calls().contains("delete"));
+    assert!(world.api.get(&pv_path("pvc-r")).is_none(), "PV removed");
+}
+
+#[tokio::test]
+async fn a_bound_volume_deleted_in_finalizer_mode_keeps_its_storage() {
+    let mut world = World::new(
+        Settings {
+            add_pv_finalizer: true,
+            ..settings()
+        },
+        "",
+    );
+    world.class("fast", json!({}), json!({}));
+    let pv = world.volume(our_pv("pvc-b", "Bound", true, &[FINALIZER_PV]));
+    volumes::reconcile(pv, world.ctx.clone())
+        .await
+        .expect("nothing to do yet");
+    assert!(
+        world.guest_calls().is_empty(),
+        "storage deleted while its claim is bound: {}",
+        world.guest_calls()
+    );
+    assert!(world.api.calls().iter().all(|c| !c.starts_with("DELETE")));
+    // Once the claim is gone the PV is Released: now the storage goes, and the PV with it.
+    let pv = world.volume(our_pv("pvc-b", "Released", true, &[FINALIZER_PV]));
+    volumes::reconcile(pv, world.ctx.clone())
+        .await
+        .expect("deleted");
+    assert!(world.guest_calls().contains("delete"));
+}
+
+#[tokio::test]
+async fn finalizer_mode_puts_the_pv_finalizer_on_bound_volumes() {
+    let mut world = World::new(
+        Settings {
+            add_pv_finalizer: true,
+            ..settings()
+        },
+        "",
+    );
+    let pv = world.volume(our_pv("pvc-f", "Bound", false, &[]));
+    volumes::reconcile(pv, world.ctx.clone())
+        .await
+        .expect("patched");
+    let stored = world.api.get(&pv_path("pvc-f")).unwrap();
+    assert_eq!(stored["metadata"]["finalizers"][0], FINALIZER_PV);
+}
+
+/// A Released PV of ours, annotated as the scripted guest reads it, with storage to delete.
+fn released_with_storage(
+    world: &mut World,
+    name: &str,
+    annotations: Value,
+) -> Arc<PersistentVolume> {
+    let mut pv = our_pv(name, "Released", false, &[]);
+    for (key, value) in annotations.as_object().into_iter().flatten() {
+        pv["metadata"]["annotations"][key] = value.clone();
+    }
+    std::fs::create_dir_all(world.storage.path().join(name)).expect("storage");
+    world.volume(pv)
+}
+
+fn pv_requests(world: &World) -> Vec<fake_api::Seen> {
+    world
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with("/api/v1/persistentvolumes"))
+        .collect()
+}
+
+#[tokio::test]
+async fn in_log_mode_a_released_volume_costs_one_request_and_one_write_covers_the_queue() {
+    let (mut world, log) = World::logged();
+    let volumes: Vec<_> = (0..8)
+        .map(|n| released_with_storage(&mut world, &format!("pvc-d{n}"), json!({})))
+        .collect();
+    for pv in &volumes {
+        volumes::reconcile(pv.clone(), world.ctx.clone())
+            .await
+            .expect("deleted");
+    }
+    let requests = pv_requests(&world);
+    assert_eq!(
+        requests.len(),
+        8,
+        "one request per volume, no re-read: {:#?}",
+        world.api.calls()
+    );
+    for request in &requests {
+        assert_eq!(request.method, http::Method::DELETE);
+        assert!(
+            request.body["preconditions"]["resourceVersion"].is_string(),
+            "the delete holds the version decided on: {}",
+            request.body
+        );
+    }
+    assert_eq!(
+        intent_writes(&world),
+        1,
+        "the first volume's write records the seven queued behind it"
+    );
+    for n in 0..8 {
+        let name = format!("pvc-d{n}");
+        assert!(world.api.get(&pv_path(&name)).is_none(), "{name} removed");
+        assert!(
+            !world.storage.path().join(&name).exists(),
+            "{name}'s storage deleted"
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(log.len(), 0, "finished volumes leave the log");
+}
+
+#[tokio::test]
+async fn a_volume_rebound_since_the_cache_saw_it_keeps_its_storage() {
+    let (mut world, log) = World::logged();
+    let stale = released_with_storage(&mut world, "pvc-re", json!({}));
+    // The API server has it Bound again (an admin cleared its claimRef); the cache is behind.
+    world
+        .api
+        .put(&pv_path("pvc-re"), our_pv("pvc-re", "Bound", false, &[]));
+    volumes::reconcile(stale, world.ctx.clone())
+        .await
+        .expect("nothing to do");
+    assert!(world.api.get(&pv_path("pvc-re")).is_some(), "PV kept");
+    assert!(
+        world.storage.path().join("pvc-re").is_dir(),
+        "storage of a rebound volume kept"
+    );
+    assert!(!world.guest_calls().contains("delete"));
+    assert_eq!(log.len(), 0, "its entry is dropped");
+}
+
+#[tokio::test]
+async fn storage_whose_pv_went_first_is_deleted_by_recovery_after_a_restart() {
+    let (mut world, _) = World::logged();
+    let pv = released_with_storage(
+        &mut world,
+        "pvc-f",
+        json!({
+            "scripted.wasm-provisioner.dev/delete-fail": "transient",
+            "scripted.wasm-provisioner.dev/delete-fail-times": "1",
+        }),
+    );
+    let error = volumes::reconcile(pv, world.ctx.clone())
+        .await
+        .expect_err("the guest's first delete fails");
+    assert_eq!(error.label(), "transient");
+    assert!(
+        world.api.get(&pv_path("pvc-f")).is_none(),
+        "the PV went first"
+    );
+    assert!(world.storage.path().join("pvc-f").is_dir());
+    let stored = world.api.objects_under(LOGS);
+    assert!(
+        stored[0]["data"]["uid-pvc-f"].is_string(),
+        "what deleting the storage needs is in the log: {}",
+        stored[0]
+    );
+    // The process dies here. The next one has nothing but the log to go on.
+    let settled = wasm_provisioner::controller::recover_intents(&restarted(&world))
+        .await
+        .expect("recovered");
+    assert_eq!(settled, 1);
+    assert!(
+        !world.storage.path().join("pvc-f").exists(),
+        "the storage of the deleted PV is gone"
+    );
+}
+
+#[tokio::test]
+async fn recovery_leaves_a_volume_entry_whose_pv_is_still_there_and_asks_the_guard() {
+    let (mut world, log) = World::logged();
+    let kept = released_with_storage(
+        &mut world,
+        "pvc-k",
+        json!({"scripted.wasm-provisioner.dev/keep": "true"}),
+    );
+    let there = released_with_storage(&mut world, "pvc-t", json!({}));
+    // Both recorded (one ahead of the other), then the process dies before either PV delete.
+    let intent = |pv: &PersistentVolume| {
+        let uid = pv.metadata.uid.clone().expect("uid");
+        (uid, Intent::delete(P, pv, None))
+    };
+    let ((first, intent), ahead) = (intent(&kept), intent(&there));
+    log.record(&first, &intent, vec![ahead])
+        .await
+        .expect("recorded");
+    log.attempt_over(&first);
+    // The kept one's PV is deleted by hand: recovery must still ask the guard.
+    world.api.remove(&pv_path("pvc-k"));
+    let settled = wasm_provisioner::controller::recover_intents(&restarted(&world))
+        .await
+        .expect("recovered");
+    assert_eq!(settled, 2, "both entries settled");
+    assert!(
+        world.storage.path().join("pvc-k").is_dir(),
+        "the guard keeps a volume's storage even once its PV is gone"
+    );
+    assert!(
+        world.storage.path().join("pvc-t").is_dir(),
+        "storage of a PV still there is left to the volume path"
+    );
+    assert!(!world.guest_calls().contains("delete"));
+}
+
+#[tokio::test]
+async fn in_pv_finalizer_mode_the_pv_is_marked_deleted_first_and_released_after_its_storage() {
+    let mut world = World::new(
+        Settings {
+            add_pv_finalizer: true,
+            ..settings()
+        },
+        "",
+    );
+    world.class("fast", json!({}), json!({}));
+    std::fs::create_dir_all(world.storage.path().join("pvc-pf")).expect("storage");
+    let pv = world.volume(our_pv("pvc-pf", "Released", false, &[FINALIZER_PV]));
+    volumes::reconcile(pv, world.ctx.clone())
+        .await
+        .expect("deleted");
+    let requests = pv_requests(&world);
+    let methods: Vec<_> = requests.iter().map(|r| r.method.as_str()).collect();
+    assert_eq!(
+        methods,
+        ["DELETE", "PATCH"],
+        "marked for deletion, then the finalizer off: {:#?}",
+        world.api.calls()
+    );
+    assert!(
+        requests[0].body["preconditions"]["resourceVersion"].is_string(),
+        "the delete holds the version decided on: {}",
+        requests[0].body
+    );
+    assert!(
+        !world.storage.path().join("pvc-pf").exists(),
+        "storage deleted"
+    );
+}
+
+#[tokio::test]
+async fn a_volume_released_while_the_intent_write_waits_for_the_budget_rides_on_it() {
+    let mut world = World::new(
+        Settings {
+            kube_api_qps: 2.0,
+            kube_api_burst: 1,
+            ..log_settings()
+        },
+        "",
+    );
+    world.class("fast", json!({}), json!({}));
+    let log = world.ctx.intents.clone().expect("log mode");
+    volumes::install_intents_ahead(&world.ctx);
+    tokio::spawn(log.clone().run());
+    let first = released_with_storage(&mut world, "pvc-w1", json!({}));
+    // The budget is spent: the write recording the first volume waits about a second for its turn.
+    world.ctx.api_rate.acquire().await;
+    world.ctx.api_rate.acquire().await;
+    let deleting = tokio::spawn(volumes::reconcile(first, world.ctx.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(intent_writes(&world), 0, "the write waits for the budget");
+    let second = released_with_storage(&mut world, "pvc-w2", json!({}));
+    deleting.await.expect("joined").expect("deleted");
+    assert_eq!(intent_writes(&world), 1);
+    assert!(
+        log.holds("uid-pvc-w2"),
+        "the volume released while the write waited is in it"
+    );
+    volumes::reconcile(second, world.ctx.clone())
+        .await
+        .expect("deleted");
+    assert_eq!(intent_writes(&world), 1, "its own delete needs no write");
+    assert!(world.api.get(&pv_path("pvc-w2")).is_none());
+}
