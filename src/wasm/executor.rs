@@ -273,8 +273,8 @@ mod tests {
         assert_eq!(own_nice(), here, "the caller's thread keeps its priority");
     }
 
-    #[test]
-    fn nice_zero_keeps_the_priority() {
+    /// One guest thread at the caller's priority, and a current-thread runtime to call it from.
+    fn one_thread_at_nice_zero() -> (GuestExecutor, tokio::runtime::Runtime) {
         let executor = GuestExecutor::new(ExecutorOptions {
             threads: 1,
             nice: 0,
@@ -283,6 +283,12 @@ mod tests {
         let caller = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("runtime");
+        (executor, caller)
+    }
+
+    #[test]
+    fn nice_zero_keeps_the_priority() {
+        let (executor, caller) = one_thread_at_nice_zero();
         let here = own_nice();
         let nice = caller
             .block_on(executor.run(async { own_nice() }))
@@ -337,14 +343,7 @@ mod tests {
     #[test]
     fn a_call_runs_on_every_allowed_cpu_not_pinned_to_the_callers() {
         let allowed = rustix::thread::sched_getaffinity(None).expect("affinity");
-        let executor = GuestExecutor::new(ExecutorOptions {
-            threads: 1,
-            nice: 0,
-        })
-        .expect("executor");
-        let caller = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("runtime");
+        let (executor, caller) = one_thread_at_nice_zero();
         for _ in 0..3 {
             let during = caller
                 .block_on(

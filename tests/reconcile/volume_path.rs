@@ -3,6 +3,19 @@
 
 use super::*;
 
+/// `--add-pv-finalizer`, class `fast`.
+fn pv_finalizer_world() -> World {
+    let mut world = World::new(
+        Settings {
+            add_pv_finalizer: true,
+            ..settings()
+        },
+        "",
+    );
+    world.class("fast", json!({}), json!({}));
+    world
+}
+
 fn our_pv(name: &str, phase: &str, deleting: bool, finalizers: &[&str]) -> Value {
     let mut pv = json!({
         "metadata": {"name": name, "uid": format!("uid-{name}"), "finalizers": finalizers,
@@ -32,14 +45,7 @@ async fn a_released_volume_is_deleted_by_its_guest_then_removed() {
 
 #[tokio::test]
 async fn a_bound_volume_deleted_in_finalizer_mode_keeps_its_storage() {
-    let mut world = World::new(
-        Settings {
-            add_pv_finalizer: true,
-            ..settings()
-        },
-        "",
-    );
-    world.class("fast", json!({}), json!({}));
+    let mut world = pv_finalizer_world();
     let pv = world.volume(our_pv("pvc-b", "Bound", true, &[FINALIZER_PV]));
     volumes::reconcile(pv, world.ctx.clone())
         .await
@@ -236,14 +242,7 @@ async fn recovery_leaves_a_volume_entry_whose_pv_is_still_there_and_asks_the_gua
 
 #[tokio::test]
 async fn in_pv_finalizer_mode_the_pv_is_marked_deleted_first_and_released_after_its_storage() {
-    let mut world = World::new(
-        Settings {
-            add_pv_finalizer: true,
-            ..settings()
-        },
-        "",
-    );
-    world.class("fast", json!({}), json!({}));
+    let mut world = pv_finalizer_world();
     std::fs::create_dir_all(world.storage.path().join("pvc-pf")).expect("storage");
     let pv = world.volume(our_pv("pvc-pf", "Released", false, &[FINALIZER_PV]));
     volumes::reconcile(pv, world.ctx.clone())
