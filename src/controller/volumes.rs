@@ -273,14 +273,12 @@ async fn delete_pv_first(
     .await?;
     match handle.delete_pv_unchanged::<VolumeError>(pv).await? {
         PvDeleted::Now => {}
-        PvDeleted::Changed => {
+        PvDeleted::Changed | PvDeleted::Gone => {
             // The cache is behind: its next event brings the PV as it is, and we decide again.
+            // The entry stays for recovery, which reads the PV itself: dropped if the PV is
+            // there and not going, the storage deleted if it went while Released (a delete an
+            // earlier process made before it died, or someone else's).
             tracing::debug!("volume changed since it was read; looking again");
-            log.done(uid);
-            return Ok(Done::Nothing);
-        }
-        PvDeleted::Gone => {
-            log.done(uid);
             return Ok(Done::Nothing);
         }
     }

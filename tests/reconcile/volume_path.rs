@@ -164,7 +164,18 @@ async fn a_volume_rebound_since_the_cache_saw_it_keeps_its_storage() {
         "storage of a rebound volume kept"
     );
     assert!(!world.guest_calls().contains("delete"));
+    // The watch catches up; recovery reads the PV, finds it there and not going, and drops the
+    // entry.
+    world.volume(our_pv("pvc-re", "Bound", false, &[]));
+    let settled = wasm_provisioner::controller::recover_intents(&world.ctx)
+        .await
+        .expect("recovered");
+    assert_eq!(settled, 1);
     assert_eq!(log.len(), 0, "its entry is dropped");
+    assert!(
+        world.storage.path().join("pvc-re").is_dir(),
+        "storage still kept"
+    );
 }
 
 #[tokio::test]
