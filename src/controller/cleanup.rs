@@ -287,14 +287,11 @@ fn delete_request(
     pv: &PersistentVolume,
     class: Option<&StorageClass>,
 ) -> Result<DeleteRequest, CallError> {
-    let volume = convert::volume(pv).map_err(|e| CallError::Rejected {
-        guest: guest.name().to_string(),
-        message: e.to_string(),
-    })?;
-    Ok(DeleteRequest {
-        volume,
-        storage_class: class.map(convert::storage_class),
-        config: guest.grants().config_json.clone(),
+    convert::delete_request(pv, class, guest.grants().config_json.clone()).map_err(|e| {
+        CallError::Rejected {
+            guest: guest.name().to_string(),
+            message: e.to_string(),
+        }
     })
 }
 

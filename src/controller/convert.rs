@@ -9,8 +9,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::wasm::bindings::types::{
-    AccessMode, BindingMode, Claim, CsiSource, HostPathSource, HostPathType, LocalSource,
-    NfsSource, NodeSelectorOperator, NodeSelectorRequirement, NodeSelectorTerm, Pair,
+    AccessMode, BindingMode, Claim, CsiSource, DeleteRequest, HostPathSource, HostPathType,
+    LocalSource, NfsSource, NodeSelectorOperator, NodeSelectorRequirement, NodeSelectorTerm, Pair,
     ReclaimPolicy, StorageClass, TopologyRequirement, TopologyTerm, Volume, VolumeMode,
     VolumeSource,
 };
@@ -238,6 +238,19 @@ fn operator_name(op: NodeSelectorOperator) -> &'static str {
         NodeSelectorOperator::Exists => "Exists",
         NodeSelectorOperator::DoesNotExist => "DoesNotExist",
     }
+}
+
+/// A guest's delete request for `pv` of `class` (None: the class is gone), with its config.
+pub fn delete_request(
+    pv: &core::PersistentVolume,
+    class: Option<&K8sStorageClass>,
+    config: String,
+) -> Result<DeleteRequest, ConvertError> {
+    Ok(DeleteRequest {
+        volume: volume(pv)?,
+        storage_class: class.map(storage_class),
+        config,
+    })
 }
 
 /// The contract view of a PersistentVolume.

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde::{Deserialize, Serialize};
 
@@ -81,16 +81,11 @@ impl Intent {
         pvc: &PersistentVolumeClaim,
         class: &StorageClass,
     ) -> Intent {
-        let mut claim = PersistentVolumeClaim {
-            metadata: Default::default(),
+        let claim = PersistentVolumeClaim {
+            metadata: slim_meta(&pvc.metadata),
             spec: pvc.spec.clone(),
             status: None,
         };
-        claim.metadata.name = pvc.metadata.name.clone();
-        claim.metadata.namespace = pvc.metadata.namespace.clone();
-        claim.metadata.uid = pvc.metadata.uid.clone();
-        claim.metadata.labels = pvc.metadata.labels.clone();
-        claim.metadata.annotations = pvc.metadata.annotations.clone();
         Intent::Provision(Box::new(ProvisionIntent {
             provisioner: provisioner.to_string(),
             pv: pv.to_string(),
@@ -105,15 +100,11 @@ impl Intent {
         pv: &PersistentVolume,
         class: Option<&StorageClass>,
     ) -> Intent {
-        let mut volume = PersistentVolume {
-            metadata: Default::default(),
+        let volume = PersistentVolume {
+            metadata: slim_meta(&pv.metadata),
             spec: pv.spec.clone(),
             status: None,
         };
-        volume.metadata.name = pv.metadata.name.clone();
-        volume.metadata.uid = pv.metadata.uid.clone();
-        volume.metadata.labels = pv.metadata.labels.clone();
-        volume.metadata.annotations = pv.metadata.annotations.clone();
         Intent::Delete(Box::new(DeleteIntent {
             provisioner: provisioner.to_string(),
             volume,
@@ -127,6 +118,19 @@ impl Intent {
             Intent::Delete(delete) => delete.volume.metadata.name.as_deref().unwrap_or_default(),
             Intent::Provision(provision) => &provision.pv,
         }
+    }
+}
+
+/// The identity and the labels and annotations a guest's request reads; no resourceVersion,
+/// finalizers or managed fields.
+fn slim_meta(meta: &ObjectMeta) -> ObjectMeta {
+    ObjectMeta {
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        labels: meta.labels.clone(),
+        annotations: meta.annotations.clone(),
+        ..ObjectMeta::default()
     }
 }
 

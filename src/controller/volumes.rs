@@ -21,7 +21,7 @@ use super::handle::{Handle, PvDeleted};
 use super::intent::{DeleteIntent, Intent, IntentError, IntentLog};
 use super::node::{self, VolumeOwner};
 use crate::controller::convert::{self, ConvertError};
-use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
+use crate::wasm::bindings::types::ProvisionError;
 use crate::wasm::{Availability, CallError, Guest, Plugins};
 
 /// Why a volume reconcile did not finish.
@@ -309,15 +309,10 @@ fn intents_ahead(ctx: &Context, current: &str, log: &IntentLog) -> Vec<(String, 
         let Some(uid) = pv.metadata.uid.as_deref() else {
             continue;
         };
-        if uid == current || log.holds(uid) || ctx.recent.was_deleted(uid) {
+        if uid == current || log.holds(uid) {
             continue;
         }
-        if let Some(node) = &ctx.node
-            && !matches!(node.volume_owner(pv), VolumeOwner::Mine)
-        {
-            continue;
-        }
-        let Some(provisioner) = decide::should_delete(pv, |p| plugins.serves(p), false) else {
+        let Some(provisioner) = queued_for_delete(ctx, &plugins, pv) else {
             continue;
         };
         let class = ctx.class(&class_name_of(pv));
@@ -327,6 +322,25 @@ fn intents_ahead(ctx: &Context, current: &str, log: &IntentLog) -> Vec<(String, 
         ));
     }
     ahead
+}
+
+/// The provisioner whose guest the volume path will ask to delete this cached PV's storage
+/// (Released, ours, on this node, not deleted by us already), in intent-log mode.
+fn queued_for_delete<'a>(
+    ctx: &Context,
+    plugins: &Plugins,
+    pv: &'a PersistentVolume,
+) -> Option<&'a str> {
+    let uid = pv.metadata.uid.as_deref().unwrap_or_default();
+    if ctx.recent.was_deleted(uid)
+        || ctx
+            .node
+            .as_ref()
+            .is_some_and(|node| !matches!(node.volume_owner(pv), VolumeOwner::Mine))
+    {
+        return None;
+    }
+    decide::should_delete(pv, |p| plugins.serves(p), false)
 }
 
 /// Lets the intent-log writer record the volumes released by the time its write goes out: PVs
@@ -362,11 +376,7 @@ async fn delete_storage(
     guest: &Guest,
     class: Option<&StorageClass>,
 ) -> Result<bool, VolumeError> {
-    let request = DeleteRequest {
-        volume: convert::volume(pv)?,
-        storage_class: class.map(convert::storage_class),
-        config: guest.grants().config_json.clone(),
-    };
+    let request = convert::delete_request(pv, class, guest.grants().config_json.clone())?;
     match handle.guest(guest.delete(&request)).await? {
         Ok(()) => Ok(true),
         Err(CallError::Guest {
@@ -511,11 +521,9 @@ pub(super) async fn recover(
     let recorded = &intent.volume;
     let same = |pv: &PersistentVolume| pv.metadata.uid == recorded.metadata.uid;
     let waiting = ctx.volume(&recorded.name_any()).is_some_and(|cached| {
-        cached.whole().is_some_and(|pv| {
-            same(pv)
-                && !handle.recently_deleted(pv)
-                && decide::should_delete(pv, |p| plugins.serves(p), false).is_some()
-        })
+        cached
+            .whole()
+            .is_some_and(|pv| same(pv) && queued_for_delete(ctx, &plugins, pv).is_some())
     });
     if waiting {
         return Ok(false);
