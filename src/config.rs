@@ -55,6 +55,30 @@ pub enum Command {
     /// Uninstall: remove our finalizers from claims (all, or one) and, for the named
     /// provisioners, the PV finalizer, so nothing hangs once the provisioner is gone.
     ReleaseFinalizers(ReleaseArgs),
+    /// Take one PV's storage out of the intent logs (a delete that keeps failing or was given
+    /// up): no replica deletes it any more; the storage is left as it is.
+    ForgetStorage(ForgetArgs),
+}
+
+/// `wasm-provisioner forget-storage`.
+#[derive(Debug, Args)]
+pub struct ForgetArgs {
+    /// Kubeconfig file; without it the in-cluster config or ~/.kube/config is used.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The PV whose storage the logs name.
+    pub pv: String,
+    /// Namespace of the intent logs (the provisioner's).
+    #[arg(
+        long,
+        short = 'n',
+        env = "POD_NAMESPACE",
+        default_value = "wasm-provisioner"
+    )]
+    pub namespace: String,
+    /// Print what would be forgotten, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `wasm-provisioner release-finalizers`.
@@ -77,6 +101,14 @@ pub struct ReleaseArgs {
     /// Print what would be released, change nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Namespace of the intent logs, whose pending storage deletes are reported.
+    #[arg(
+        long,
+        short = 'n',
+        env = "POD_NAMESPACE",
+        default_value = "wasm-provisioner"
+    )]
+    pub namespace: String,
 }
 
 /// `wasm-provisioner run`.
@@ -451,6 +483,7 @@ impl RunArgs {
             })
             .filter(|ns| !ns.is_empty())
             .unwrap_or_else(|| "default".into());
+        let identity = election_identity();
         ElectionSettings {
             mode: match (self.leader_election, self.leader_election_mode) {
                 (false, _) => Mode::Off,
@@ -462,7 +495,8 @@ impl RunArgs {
                 .leader_election_lease_name
                 .clone()
                 .unwrap_or_else(lease_name_from_binary),
-            identity: election_identity(),
+            identity: identity.clone(),
+            log_identity: self.instance_name.clone().unwrap_or(identity),
             timing: Timing {
                 lease_duration: self.leader_election_lease_duration,
                 renew_deadline: self.leader_election_renew_deadline,

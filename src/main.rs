@@ -1,8 +1,8 @@
 //! The `wasm-provisioner` binary: parse the command line, start logging, run one command.
 
 use clap::Parser;
-use wasm_provisioner::config::ReleaseArgs;
 use wasm_provisioner::config::{Cli, Command};
+use wasm_provisioner::config::{ForgetArgs, ReleaseArgs};
 use wasm_provisioner::{offline, run, telemetry, uninstall};
 
 #[tokio::main]
@@ -25,6 +25,7 @@ async fn main() -> std::process::ExitCode {
             offline::delete(&args.plugins, &args.volume, args.class.as_deref()).await
         }
         Command::ReleaseFinalizers(args) => release(args).await,
+        Command::ForgetStorage(args) => forget(args).await,
     };
     match result {
         Ok(output) => {
@@ -45,5 +46,20 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<String> {
     };
     let client = run::client(args.kubeconfig.as_deref()).await?;
     let provisioners = args.provisioners.into_iter().collect();
-    uninstall::release_finalizers(client, target, &provisioners, args.dry_run).await
+    let mut report =
+        uninstall::release_finalizers(client.clone(), target, &provisioners, args.dry_run).await?;
+    match uninstall::report_intents(&client, &args.namespace).await {
+        Ok(pending) if pending.is_empty() => {}
+        Ok(pending) => {
+            report.push_str("storage the intent logs still name (see `forget-storage`):\n");
+            report.push_str(&pending);
+        }
+        Err(error) => report.push_str(&format!("intent logs not read: {error:#}\n")),
+    }
+    Ok(report)
+}
+
+async fn forget(args: ForgetArgs) -> anyhow::Result<String> {
+    let client = run::client(args.kubeconfig.as_deref()).await?;
+    uninstall::forget_storage(client, &args.namespace, &args.pv, args.dry_run).await
 }

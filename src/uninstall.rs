@@ -3,16 +3,18 @@
 //!
 //! A claim keeps our finalizer only while a guest may hold storage for it; releasing it means
 //! that storage, if any, is no longer cleaned up by us. The command says which claims it released
-//! so an operator can check their storage.
+//! so an operator can check their storage. It also lists the storage the intent logs still name
+//! (deletes that keep failing); `forget-storage` takes one out of the logs.
 
 use std::collections::BTreeSet;
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::{ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
 use crate::controller::decide::{self, FINALIZER_CLAIM, FINALIZER_PV, has_finalizer};
+use crate::controller::intent::{Intent, LOG_LABEL};
 
 /// What to release.
 #[derive(Debug, Clone)]
@@ -51,10 +53,16 @@ pub async fn release_finalizers(
             })
             .collect(),
         Target::Claim { namespace, name } => {
+            // A list by name: the shipped RBAC lists and watches claims, it does not get them.
+            let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
             let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
-                .get(name)
+                .list(&by_name)
                 .await
-                .with_context(|| format!("reading claim {namespace}/{name}"))?;
+                .with_context(|| format!("reading claim {namespace}/{name}"))?
+                .items
+                .into_iter()
+                .find(|c| c.metadata.name.as_deref() == Some(name.as_str()))
+                .with_context(|| format!("claim {namespace}/{name} not found"))?;
             if !has_finalizer(&claim.metadata.finalizers, FINALIZER_CLAIM) {
                 report.push_str(&format!(
                     "claim {namespace}/{name} holds no {FINALIZER_CLAIM} finalizer\n"
@@ -122,6 +130,116 @@ pub async fn release_finalizers(
         ));
     }
     Ok(report)
+}
+
+/// The intent-log entries in `namespace` that still name storage (a delete that keeps failing,
+/// given up, or waiting for recovery), one line each: what an operator decides about before an
+/// uninstall, and removes with [`forget_storage`].
+pub async fn report_intents(client: &Client, namespace: &str) -> anyhow::Result<String> {
+    let mut report = String::new();
+    for (log, key, intent) in intent_entries(client, namespace).await? {
+        let Some(storage) = intent.storage() else {
+            continue;
+        };
+        let retries = intent.retries();
+        let state = if retries.given_up {
+            "given up"
+        } else {
+            "pending"
+        };
+        let source = storage
+            .volume
+            .spec
+            .as_ref()
+            .map(|s| {
+                serde_json::to_string(&(&s.host_path, &s.local, &s.nfs, &s.csi)).unwrap_or_default()
+            })
+            .unwrap_or_default();
+        report.push_str(&format!(
+            "storage of {} ({state}, {} failed attempt(s){}) in intent log {log} entry {key}: {source}\n",
+            intent.pv(),
+            retries.attempts,
+            retries.error.as_deref().map(|e| format!(", last: {e}")).unwrap_or_default(),
+        ));
+    }
+    Ok(report)
+}
+
+/// `forget-storage PV`: removes the entries naming PV from every intent log in `namespace`, so
+/// no replica deletes (or retries deleting) that storage. The storage itself is left as it is.
+pub async fn forget_storage(
+    client: Client,
+    namespace: &str,
+    pv: &str,
+    dry_run: bool,
+) -> anyhow::Result<String> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let mut report = String::new();
+    let verb = if dry_run { "would forget" } else { "forgot" };
+    let mut forgotten = 0;
+    for mut cm in list_logs(&client, namespace).await? {
+        let name = cm.name_any();
+        let keys: Vec<String> = cm
+            .data
+            .iter()
+            .flatten()
+            .filter(|(_, text)| {
+                serde_json::from_str::<Intent>(text).is_ok_and(|intent| intent.pv() == pv)
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        if keys.is_empty() {
+            continue;
+        }
+        if let Some(data) = cm.data.as_mut() {
+            for key in &keys {
+                data.remove(key);
+            }
+        }
+        if !dry_run {
+            // The resourceVersion read is the precondition: a replica writing meanwhile wins,
+            // and the command says to run it again.
+            api.replace(&name, &PostParams::default(), &cm)
+                .await
+                .with_context(|| {
+                    format!(
+                        "updating intent log {name} (run the command again if it changed meanwhile)"
+                    )
+                })?;
+        }
+        forgotten += keys.len();
+        report.push_str(&format!(
+            "{verb} the storage of {pv} in intent log {name} (nothing deletes it now; it is left on disk)\n"
+        ));
+    }
+    if forgotten == 0 {
+        anyhow::bail!("no intent log in namespace {namespace} names {pv}");
+    }
+    Ok(report)
+}
+
+async fn list_logs(client: &Client, namespace: &str) -> anyhow::Result<Vec<ConfigMap>> {
+    Ok(Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(LOG_LABEL))
+        .await
+        .with_context(|| format!("listing intent logs in {namespace} (RBAC: list configmaps)"))?
+        .items)
+}
+
+async fn intent_entries(
+    client: &Client,
+    namespace: &str,
+) -> anyhow::Result<Vec<(String, String, Intent)>> {
+    let mut entries = Vec::new();
+    for cm in list_logs(client, namespace).await? {
+        let name = cm.name_any();
+        for (key, text) in cm.data.unwrap_or_default() {
+            if let Ok(intent) = serde_json::from_str::<Intent>(&text) {
+                entries.push((name.clone(), key, intent));
+            }
+        }
+    }
+    Ok(entries)
 }
 
 /// Parses `namespace/name`.

@@ -73,6 +73,8 @@ pub struct Tracked {
 pub struct Book {
     queue: Queue,
     failures: Mutex<FailureBook>,
+    /// Keys whose last attempt failed (counted or not) and that wait for a retry.
+    retrying: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Book {
@@ -81,7 +83,14 @@ impl Book {
         Book {
             queue,
             failures: Mutex::new(FailureBook::default()),
+            retrying: Mutex::default(),
         }
+    }
+
+    /// Whether `key`'s last attempt failed and it waits for a retry (its turn comes by backoff,
+    /// so nothing is recorded ahead for it).
+    pub fn is_retrying(&self, key: &str) -> bool {
+        self.retrying.lock().expect("lock").contains(key)
     }
 
     /// Whether `key` is given up for this fingerprint.
@@ -103,11 +112,13 @@ impl Book {
     /// Forgets `key` (success, or the object is gone).
     pub fn forget(&self, key: &str) {
         self.failures.lock().expect("lock").forget(key);
+        self.retrying.lock().expect("lock").remove(key);
     }
 
     /// Drops the keys of objects that no longer exist.
     pub fn retain(&self, alive: impl Fn(&str) -> bool) {
-        self.failures.lock().expect("lock").retain(alive);
+        self.failures.lock().expect("lock").retain(&alive);
+        self.retrying.lock().expect("lock").retain(|key| alive(key));
     }
 
     /// Keys tracked.
@@ -245,6 +256,7 @@ impl Book {
             book.failures(key, fingerprint)
         };
         ctx.metrics.retry_scheduled(self.queue, key);
+        self.retrying.lock().expect("lock").insert(key.to_string());
         if !error.counts() {
             return Action::requeue(settings.retry_interval_start);
         }

@@ -27,8 +27,9 @@ use super::decide::{self, FINALIZER_CLAIM, has_finalizer};
 pub enum Cached<K> {
     /// The whole object (slimmed of managed fields): it may still need work.
     Whole(Arc<K>),
-    /// Only its identity: it needs no work until its next change.
-    Settled(ObjectMeta),
+    /// Only its identity, and for a PV which storage it names (see [`storage_of`]): it needs no
+    /// work until its next change.
+    Settled(ObjectMeta, Option<u64>),
 }
 
 /// A cached PV.
@@ -39,9 +40,38 @@ impl<K> Cached<K> {
     pub fn whole(&self) -> Option<&Arc<K>> {
         match self {
             Cached::Whole(object) => Some(object),
-            Cached::Settled(_) => None,
+            Cached::Settled(..) => None,
         }
     }
+}
+
+impl CachedVolume {
+    /// Which storage this PV names (see [`storage_of`]), whole or settled.
+    pub fn storage(&self) -> Option<u64> {
+        match self {
+            Cached::Whole(pv) => storage_of(pv),
+            Cached::Settled(_, storage) => *storage,
+        }
+    }
+}
+
+/// A fingerprint of the storage a PV names (its volume source: path, server and path, driver and
+/// handle), so that storage another PV still names is never deleted (a PV recreated over it, a
+/// namesake claim's volume). `None`: the PV names no source.
+pub fn storage_of(pv: &PersistentVolume) -> Option<u64> {
+    let spec = pv.spec.as_ref()?;
+    let source = if let Some(h) = &spec.host_path {
+        ("hostPath", h.path.trim_end_matches('/'), "")
+    } else if let Some(l) = &spec.local {
+        ("local", l.path.trim_end_matches('/'), "")
+    } else if let Some(n) = &spec.nfs {
+        ("nfs", n.path.trim_end_matches('/'), n.server.as_str())
+    } else if let Some(c) = &spec.csi {
+        ("csi", c.volume_handle.as_str(), c.driver.as_str())
+    } else {
+        return None;
+    };
+    Some(super::failures::fingerprint(&source))
 }
 
 impl<K> From<K> for Cached<K> {
@@ -51,12 +81,17 @@ impl<K> From<K> for Cached<K> {
 }
 
 impl<K: Resource + Clone> Cached<K> {
-    /// Keeps only the identity when `settled` says the whole object needs no work.
-    pub fn settle(&mut self, settled: impl FnOnce(&K) -> bool) {
+    /// Keeps only the identity (and `storage` of it) when `settled` says the whole object needs
+    /// no work.
+    pub fn settle(
+        &mut self,
+        settled: impl FnOnce(&K) -> bool,
+        storage: impl FnOnce(&K) -> Option<u64>,
+    ) {
         if let Cached::Whole(object) = self
             && settled(object)
         {
-            *self = Cached::Settled(identity(object.meta()));
+            *self = Cached::Settled(identity(object.meta()), storage(object));
         }
     }
 }
@@ -125,14 +160,14 @@ where
     fn meta(&self) -> &ObjectMeta {
         match self {
             Cached::Whole(object) => object.meta(),
-            Cached::Settled(meta) => meta,
+            Cached::Settled(meta, _) => meta,
         }
     }
 
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         match self {
             Cached::Whole(object) => Arc::make_mut(object).meta_mut(),
-            Cached::Settled(meta) => meta,
+            Cached::Settled(meta, _) => meta,
         }
     }
 }
@@ -225,7 +260,7 @@ mod tests {
     #[test]
     fn settling_keeps_the_identity_and_drops_the_rest() {
         let mut cached = Cached::from(claim(Some("pv"), &[]));
-        cached.settle(claim_settled);
+        cached.settle(claim_settled, |_| None);
         assert!(cached.whole().is_none());
         let meta = cached.meta();
         assert_eq!(meta.name.as_deref(), Some("c"));
@@ -236,7 +271,7 @@ mod tests {
         assert_eq!(meta.finalizers, None);
 
         let mut pending = Cached::from(claim(None, &[]));
-        pending.settle(claim_settled);
+        pending.settle(claim_settled, |_| None);
         assert!(pending.whole().is_some(), "work left: kept whole");
     }
 

@@ -26,7 +26,7 @@ use super::events;
 use super::failures::fingerprint;
 use super::gate::{GateError, LockKey};
 use super::handle::Handle;
-use super::intent::{Intent, IntentError};
+use super::intent::{Intent, IntentError, Storage};
 use super::node::{ClaimOwner, Pin};
 use super::plan::{self, ClaimFacts, ClaimPlan, DeletedOwner, Reaction};
 use super::{Context, IntentRecord};
@@ -208,7 +208,7 @@ pub async fn reconcile(
         .track(&handle, &tracked, span.clone(), provision(&handle, &pvc))
         .await;
     if let Some(log) = &ctx.intents {
-        log.attempt_over(&tracked.key);
+        settle_entry(log, &tracked.key, &result);
     }
     if given_up {
         // No more attempts, so no more storage: the finalizer must not keep the claim forever.
@@ -218,6 +218,24 @@ pub async fn reconcile(
         }
     }
     result
+}
+
+/// After an attempt: an entry whose guest built nothing and holds nothing in flight leaves the
+/// log (a claim that waits or fails is not kept there: it is recorded again when its turn
+/// comes); one that may stand for storage stays, recovery's from now on.
+fn settle_entry(log: &super::intent::IntentLog, key: &str, result: &Result<Action, ClaimError>) {
+    let may_hold_storage = match result {
+        Ok(_) => true,
+        Err(ClaimError::InBackground(_) | ClaimError::Timeout(_)) => true,
+        Err(ClaimError::Guest(CallError::Fault { .. })) => true,
+        Err(_) => false,
+    };
+    let built = matches!(log.get(key), Some(Intent::Claim(entry)) if entry.built.is_some());
+    if may_hold_storage || built {
+        log.attempt_over(key);
+    } else {
+        log.done(key);
+    }
 }
 
 /// Requeue policy: the shared one (see [`super::bookkeeping::Book::requeue`]).
@@ -426,12 +444,11 @@ async fn call_guest(
             let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
             handle.gate().await?;
             let ahead = intents_ahead(handle, &ctx.plugins(), uid, log);
-            log.record(
-                uid,
-                &Intent::provision(&class.provisioner, &pv_name, pvc, class),
-                ahead,
-            )
-            .await?;
+            log.record(uid, &claim_entry(&class.provisioner, &pv_name, pvc), ahead)
+                .await
+                .inspect_err(|error| {
+                    warn_claim(handle, pvc, events::PROVISIONING_FAILED, error.to_string())
+                })?;
             pvc.clone()
         }
         (IntentRecord::Log | IntentRecord::Off, _) => pvc.clone(),
@@ -472,6 +489,7 @@ async fn call_guest(
         },
         &built,
     );
+    record_built(ctx, &pvc, &pv, class);
 
     // The claim may have been deleted while the guest worked: then the storage goes, no PV.
     // The cache is enough: our finalizer keeps the claim, so deletion shows as a timestamp
@@ -488,6 +506,38 @@ async fn call_guest(
             .await;
     }
     cleanup::save_pv(handle, guest, &pvc, &pv, class).await
+}
+
+/// The log entry of a claim handed to its guest: names only.
+fn claim_entry(provisioner: &str, pv: &str, pvc: &PersistentVolumeClaim) -> Intent {
+    Intent::claim(
+        provisioner,
+        pv,
+        pvc.metadata.namespace.as_deref().unwrap_or_default(),
+        pvc.metadata.name.as_deref().unwrap_or_default(),
+    )
+}
+
+/// The guest returned: its entry now says what it built, the only storage recovery may delete
+/// for this claim should it be gone before its PV exists. The write rides on the next batch
+/// (most PVs exist before it, and the entry leaves unwritten); one too large to record leaves
+/// the PV create as the only record.
+fn record_built(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    pv: &k8s_openapi::api::core::v1::PersistentVolume,
+    class: &StorageClass,
+) {
+    let (Some(log), Some(uid)) = (&ctx.intents, pvc.metadata.uid.as_deref()) else {
+        return;
+    };
+    let Some(Intent::Claim(mut entry)) = log.get(uid) else {
+        return;
+    };
+    entry.built = Some(Storage::of(pv, Some(class)));
+    if let Err(error) = log.update(uid, &Intent::Claim(entry)) {
+        tracing::warn!(%error, "what the guest built is not recorded; its PV is the record");
+    }
 }
 
 /// Claims recorded ahead per intent write at most.
@@ -528,13 +578,14 @@ fn intents_ahead(
         let (Some(class), Some(pv)) = (class, decide::pv_name(pvc)) else {
             continue;
         };
-        if ctx.claim_book.is_given_up(uid, claim_fingerprint(pvc, ctx)) {
+        // Given up or backing off after a failure: recorded when its turn comes, not ahead.
+        if ctx.claim_book.is_given_up(uid, claim_fingerprint(pvc, ctx))
+            || ctx.claim_book.is_retrying(uid)
+        {
             continue;
         }
-        ahead.push((
-            uid.to_string(),
-            Intent::provision(provisioner, &pv, pvc, &class),
-        ));
+        let _ = class;
+        ahead.push((uid.to_string(), claim_entry(provisioner, &pv, pvc)));
     }
     ahead
 }

@@ -1,22 +1,18 @@
 //! The claim path's endings: saving the PV a guest built (or deleting its storage when that
 //! fails), cleaning up after a claim deleted mid-provision, and releasing our finalizer.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 
-use super::Context;
 use super::bookkeeping::Done;
 use super::claims::{ClaimError, provision_request, warn_claim};
 use super::decide;
 use super::events;
-use super::gate::{GateError, LockKey};
+use super::gate::GateError;
 use super::handle::Handle;
-use super::intent::{Intent, ProvisionIntent};
 use crate::controller::convert::{self, PvIdentity};
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
 use crate::wasm::{CallError, Guest};
@@ -331,112 +327,4 @@ async fn delete_storage_with_retries(
             }
         }
     }
-}
-
-/// Intent-log recovery: entries of claims that are gone get their storage deleted by their
-/// guest, from the recorded claim and class; entries whose PV exists are dropped; entries of
-/// claims still there, or in flight in this process, are left to the claim path. Volume entries
-/// go to [`super::volumes::recover`]. Returns how
-/// many entries were settled.
-pub(super) async fn recover_intents(ctx: &Context) -> Result<usize, kube::Error> {
-    let Some(log) = &ctx.intents else {
-        return Ok(0);
-    };
-    let mut settled: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (log_name, uid, intent) in log.list_all().await? {
-        if log_name == log.name() && log.is_fresh(&uid) {
-            continue;
-        }
-        let key = match intent {
-            Intent::Provision(_) => LockKey::Claim(uid.clone()),
-            Intent::Delete(_) => LockKey::Volume(uid.clone()),
-        };
-        let Ok(handle) = Handle::open(ctx, key) else {
-            // Not the leader (any more): the leader recovers.
-            break;
-        };
-        let outcome = match &intent {
-            Intent::Provision(intent) => recover_one(&handle, intent)
-                .await
-                .map_err(|e| e.to_string()),
-            Intent::Delete(intent) => super::volumes::recover(&handle, intent)
-                .await
-                .map_err(|e| e.to_string()),
-        };
-        match outcome {
-            Ok(true) => settled.entry(log_name).or_default().push(uid),
-            Ok(false) => {}
-            Err(error) => {
-                tracing::warn!(%error, pv = %intent.pv(), "recovering an intent failed; retried later")
-            }
-        }
-    }
-    let mut count = 0;
-    for (log_name, uids) in settled {
-        count += uids.len();
-        log.drop_from(&log_name, &uids).await?;
-    }
-    Ok(count)
-}
-
-/// Settles one intent; `Ok(false)`: not now (the claim path owns it, or its guest is away).
-async fn recover_one(handle: &Handle<'_>, intent: &ProvisionIntent) -> Result<bool, ClaimError> {
-    if handle.pv_known(&intent.pv) || handle.get_pv(&intent.pv).await?.is_some() {
-        return Ok(true);
-    }
-    // The claim cache is synced before recovery runs, and a claim a guest was called for was
-    // in some replica's cache: absent from ours (by UID) means gone.
-    let claim = &intent.claim;
-    let alive = |meta: &kube::api::ObjectMeta| {
-        meta.uid == claim.metadata.uid && meta.deletion_timestamp.is_none()
-    };
-    match handle.ctx().claims.get(&ObjectRef::from_obj(claim)) {
-        Some(cached) if alive(&cached.metadata) => return Ok(false),
-        Some(_) => {}
-        // Settled claims (bound, no finalizer of ours) are not cached: ask the API server.
-        None => {
-            let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
-            let live = handle.find_claim(namespace, &claim.name_any()).await?;
-            if live.is_some_and(|c| alive(&c.metadata)) {
-                return Ok(false);
-            }
-        }
-    }
-    let plugins = handle.ctx().plugins();
-    let Some(guest) = plugins.for_provisioner(&intent.provisioner).cloned() else {
-        tracing::info!(pv = %intent.pv, provisioner = %intent.provisioner, "storage of a deleted claim waits for its guest");
-        return Ok(false);
-    };
-    let class = &intent.class;
-    let request = provision_request(claim, class, &guest, &intent.pv)?;
-    match handle.guest(guest.provision(&request)).await? {
-        Ok(built) => {
-            let pv = convert::persistent_volume(
-                &PvIdentity {
-                    name: &intent.pv,
-                    claim,
-                    class,
-                    class_name: &class.name_any(),
-                },
-                &built,
-            );
-            handle
-                .guest(delete_storage(&guest, &pv, Some(class)))
-                .await?
-                .map_err(|source| ClaimError::Cleanup {
-                    pv: intent.pv.clone(),
-                    source,
-                })?;
-            tracing::info!(pv = %intent.pv, guest = guest.name(), "deleted storage of a claim deleted mid-provision (intent log)");
-        }
-        Err(CallError::Guest {
-            error: ProvisionError::Transient(_) | ProvisionError::InBackground(_),
-            ..
-        }) => return Ok(false),
-        Err(error @ CallError::Fault { .. }) => return Err(ClaimError::Guest(error)),
-        Err(error) => {
-            tracing::info!(%error, pv = %intent.pv, "guest holds no storage for the deleted claim")
-        }
-    }
-    Ok(true)
 }

@@ -29,6 +29,9 @@ pub const VOLUME_DELETED: &str = "VolumeDeleted";
 pub const GIVEN_UP: &str = "ProvisioningGivenUp";
 /// Warning: the volume's deletion was given up.
 pub const DELETE_GIVEN_UP: &str = "DeletionGivenUp";
+/// Warning: storage an intent-log entry names was kept: something live still names it, or
+/// nothing says it is ours to delete.
+pub const STORAGE_KEPT: &str = "StorageKept";
 /// Warning: the claim's guest is not loaded now (unloaded or refused on reload); it waits.
 pub const WAITING_FOR_GUEST: &str = "WaitingForGuest";
 /// Normal: the claim was deleted while provisioning and its storage was cleaned up.

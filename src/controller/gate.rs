@@ -47,6 +47,9 @@ pub struct ElectionSettings {
     pub lease_name: String,
     /// This replica's identity in lease records.
     pub identity: String,
+    /// The name its intent log is kept under: the pod's name when it has one (a restarted
+    /// container takes up its own log), else `identity`.
+    pub log_identity: String,
     /// Durations.
     pub timing: Timing,
 }
@@ -58,6 +61,7 @@ impl Default for ElectionSettings {
             namespace: "default".into(),
             lease_name: "wasm-provisioner".into(),
             identity: "wasm-provisioner".into(),
+            log_identity: "wasm-provisioner".into(),
             timing: Timing::default(),
         }
     }

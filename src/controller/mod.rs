@@ -21,6 +21,7 @@ pub mod leader;
 pub mod node;
 pub mod plan;
 pub mod ratelimit;
+pub mod recovery;
 mod start;
 pub mod volumes;
 
@@ -46,7 +47,7 @@ pub use start::{run, run_watching, slim};
 /// Settles what the intent logs hold for claims that are gone (see [`intent`]); the controller
 /// runs it periodically while it leads. Returns how many entries were settled.
 pub async fn recover_intents(ctx: &Context) -> Result<usize, kube::Error> {
-    cleanup::recover_intents(ctx).await
+    recovery::recover_intents(ctx).await
 }
 
 /// Everything the controller is told by the command line, parsed and validated.
@@ -206,7 +207,7 @@ impl Context {
                 client.clone(),
                 &election.namespace,
                 &election.lease_name,
-                &election.identity,
+                &election.log_identity,
                 api_rate.clone(),
             ))
         });

@@ -77,9 +77,12 @@ pub async fn run_watching(
     let whole = settings.cache_whole_objects;
     let finalizer_mode = settings.add_pv_finalizer;
     let (volumes, volume_writer) = reflector::store::<CachedVolume>();
-    let volume_watch = cached_watch(pv_api, volume_writer, move |pv| {
-        !whole && cache::volume_settled(pv, finalizer_mode)
-    });
+    let volume_watch = cached_watch(
+        pv_api,
+        volume_writer,
+        move |pv| !whole && cache::volume_settled(pv, finalizer_mode),
+        cache::storage_of,
+    );
     let volume_controller = Controller::for_stream(volume_watch, volumes.clone())
         .with_config(controller_config.clone());
     let volumes_ready = volumes.clone();
@@ -117,6 +120,13 @@ pub async fn run_watching(
     });
     tasks.spawn(forget_gone_objects(ctx.clone()));
     if let Some(log) = &ctx.intents {
+        // Fail at start, not by provisioning nothing: the namespace must exist and the RBAC
+        // allow the log to be written.
+        log.check_writable().await.map_err(|error| {
+            anyhow::anyhow!(
+                "{error}; check --leader-election-namespace (or POD_NAMESPACE) and the RBAC for configmaps in that namespace"
+            )
+        })?;
         super::volumes::install_intents_ahead(&ctx);
         tasks.spawn(log.clone().run());
         tasks.spawn(recover_intents(ctx.clone()));
@@ -266,6 +276,18 @@ pub async fn run_watching(
     readiness.abort();
     tasks.abort_all();
     metrics.set_ready(false);
+    if let Some(log) = &ctx.intents {
+        // A log per process start would pile up: an empty one goes with its process.
+        match log.delete_if_empty().await {
+            Ok(true) => tracing::debug!(log = log.name(), "empty intent log deleted"),
+            Ok(false) => tracing::info!(
+                log = log.name(),
+                entries = log.len(),
+                "intent log kept for recovery"
+            ),
+            Err(error) => tracing::warn!(%error, "deleting the empty intent log failed"),
+        }
+    }
     // Events of the last moments (a deleted claim cleaned up, a PV saved) are written, not lost.
     ctx.recorder.flush(Duration::from_secs(5)).await;
     tracing::info!("controller stopped");
@@ -288,7 +310,7 @@ async fn recover_intents(ctx: Arc<Context>) -> &'static str {
         if !ctx.metrics.is_ready() || !ctx.election.is_leader() {
             continue;
         }
-        match super::cleanup::recover_intents(&ctx).await {
+        match super::recovery::recover_intents(&ctx).await {
             Ok(0) => {}
             Ok(settled) => tracing::info!(settled, "intent log recovered"),
             Err(error) => {
@@ -446,6 +468,7 @@ fn cached_watch<K>(
     api: Api<Cached<K>>,
     writer: reflector::store::Writer<Cached<K>>,
     settled: impl Fn(&K) -> bool + Send + 'static,
+    storage: impl Fn(&K) -> Option<u64> + Send + 'static,
 ) -> impl futures::Stream<Item = Result<Cached<K>, watcher::Error>> + Send + 'static
 where
     K: kube::Resource<DynamicType = ()>
@@ -459,7 +482,7 @@ where
     watcher(api, watcher::Config::default())
         .default_backoff()
         .modify(move |cached| {
-            cached.settle(&settled);
+            cached.settle(&settled, &storage);
             slim(cached);
         })
         .reflect(writer)

@@ -18,7 +18,7 @@ use super::events;
 use super::failures::fingerprint;
 use super::gate::{GateError, LockKey};
 use super::handle::{Handle, PvDeleted};
-use super::intent::{DeleteIntent, Intent, IntentError, IntentLog};
+use super::intent::{Intent, IntentError, IntentLog, Storage, VolumeIntent};
 use super::node::{self, VolumeOwner};
 use crate::controller::convert::{self, ConvertError};
 use crate::wasm::bindings::types::ProvisionError;
@@ -173,6 +173,10 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
     let Some(provisioner) =
         decide::should_delete(pv, |p| plugins.serves(p), ctx.settings.add_pv_finalizer)
     else {
+        if let (Some(log), Some(uid)) = (&ctx.intents, pv.metadata.uid.as_deref()) {
+            // Recorded ahead and now kept (switched to Retain, bound again): nothing to delete.
+            log.done(uid);
+        }
         wait_for_guest(handle, pv, &plugins);
         return Ok(Done::Nothing);
     };
@@ -202,7 +206,15 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
     if let Some(log) = &ctx.intents
         && !ctx.settings.add_pv_finalizer
     {
-        return delete_pv_first(handle, pv, &guest, provisioner, log).await;
+        let storage = super::recovery::storage_record(pv, ctx);
+        if log.fits(
+            pv.metadata.uid.as_deref().unwrap_or_default(),
+            &deleted_entry(provisioner, pv, &storage),
+        ) {
+            return delete_pv_first(handle, pv, &guest, provisioner, log, storage).await;
+        }
+        // Too large to record (a PV with huge annotations): storage first, then the PV.
+        tracing::info!("volume too large for the intent log; deleting its storage before its PV");
     }
     // PV-finalizer mode: our finalizer holds the PV until its storage is gone, so it is marked
     // for deletion first, with the version decided on as precondition (the API server's own check
@@ -243,20 +255,22 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
 }
 
 /// Intent-log mode: the PV goes first, then its storage, at one request per volume where a
-/// re-read and a delete cost two. The intent (what deleting the storage needs) is durable before
-/// the PV is deleted, so a crash in between leaves the storage to recovery; the delete carries
-/// the resourceVersion we decided on as precondition, so only that Released PV goes, however far
-/// behind the cache is (a PV rebound meanwhile is a conflict, and nothing is deleted).
+/// re-read and a delete cost two. The entry is durable before the PV is deleted; the delete
+/// carries the resourceVersion we decided on as precondition, so only that Released PV with
+/// policy `Delete` goes, however far behind the cache is (a PV rebound or switched to `Retain`
+/// meanwhile is a conflict, and nothing is deleted). Only once our DELETE succeeded does the
+/// entry say what deleting the storage needs: before that, it deletes nothing on its own.
 async fn delete_pv_first(
     handle: &Handle<'_>,
     pv: &PersistentVolume,
     guest: &Guest,
     provisioner: &str,
     log: &IntentLog,
+    storage: Storage,
 ) -> Result<Done, VolumeError> {
     let ctx = handle.ctx();
     let uid = pv.metadata.uid.as_deref().unwrap_or_default();
-    let class = ctx.class(&class_name_of(pv));
+    let class = storage.class.clone();
     handle.gate().await?;
     // Recorded ahead by an earlier write already: no need to look for more (the scan walks the
     // whole PV cache).
@@ -265,30 +279,56 @@ async fn delete_pv_first(
     } else {
         intents_ahead(ctx, uid, log)
     };
-    log.record(
-        uid,
-        &Intent::delete(provisioner, pv, class.as_deref()),
-        ahead,
-    )
-    .await?;
+    log.record(uid, &Intent::volume(provisioner, pv), ahead)
+        .await?;
     match handle.delete_pv_unchanged::<VolumeError>(pv).await? {
         PvDeleted::Now => {}
         PvDeleted::Changed | PvDeleted::Gone => {
             // The cache is behind: its next event brings the PV as it is, and we decide again.
-            // The entry stays for recovery, which reads the PV itself: dropped if the PV is
-            // there and not going, the storage deleted if it went while Released (a delete an
-            // earlier process made before it died, or someone else's).
+            // The entry says nothing is ours to delete: it goes.
             tracing::debug!("volume changed since it was read; looking again");
+            log.done(uid);
             return Ok(Done::Nothing);
         }
     }
-    // From here the entry is the only record of the storage: if the guest fails, recovery
-    // retries from it (the reconcile's end hands it over).
-    if delete_storage(handle, pv, guest, class.as_deref()).await? {
-        tracing::info!(guest = guest.name(), "volume deleted");
+    // Our DELETE succeeded: the storage is ours to delete, and the entry now says so. The write
+    // rides on the next batch; a failure below waits for it, so recovery can retry.
+    let recorded = log.update(uid, &deleted_entry(provisioner, pv, &storage));
+    if let Err(error) = &recorded {
+        // Checked to fit a moment ago; the storage is deleted now all the same.
+        tracing::warn!(%error, "could not record the PV delete; deleting its storage unrecorded");
     }
-    log.done(uid);
-    Ok(Done::Succeeded)
+    match delete_storage(handle, pv, guest, class.as_ref()).await {
+        Ok(deleted) => {
+            if deleted {
+                tracing::info!(guest = guest.name(), "volume deleted");
+            }
+            log.done(uid);
+            Ok(Done::Succeeded)
+        }
+        Err(error) => {
+            log.durable(recorded?).await?;
+            if !matches!(error, VolumeError::Transient(_)) {
+                log.failed(
+                    uid,
+                    &error.to_string(),
+                    ctx.settings.failed_delete_threshold,
+                )?;
+            }
+            Err(error)
+        }
+    }
+}
+
+/// The entry of a volume whose PV our own DELETE removed: what deleting its storage needs.
+fn deleted_entry(provisioner: &str, pv: &PersistentVolume, storage: &Storage) -> Intent {
+    let Intent::Volume(ahead) = Intent::volume(provisioner, pv) else {
+        unreachable!("a volume intent")
+    };
+    Intent::Volume(VolumeIntent {
+        deleted: Some(storage.clone()),
+        ..ahead
+    })
 }
 
 /// Intents for the volumes that will be deleted next (Released, ours, not yet in the log): one
@@ -315,18 +355,14 @@ fn intents_ahead(ctx: &Context, current: &str, log: &IntentLog) -> Vec<(String, 
         let Some(provisioner) = queued_for_delete(ctx, &plugins, pv) else {
             continue;
         };
-        let class = ctx.class(&class_name_of(pv));
-        ahead.push((
-            uid.to_string(),
-            Intent::delete(provisioner, pv, class.as_deref()),
-        ));
+        ahead.push((uid.to_string(), Intent::volume(provisioner, pv)));
     }
     ahead
 }
 
 /// The provisioner whose guest the volume path will ask to delete this cached PV's storage
 /// (Released, ours, on this node, not deleted by us already), in intent-log mode.
-fn queued_for_delete<'a>(
+pub(super) fn queued_for_delete<'a>(
     ctx: &Context,
     plugins: &Plugins,
     pv: &'a PersistentVolume,
@@ -506,49 +542,4 @@ fn wait_for_guest(handle: &Handle<'_>, pv: &PersistentVolume, plugins: &Plugins)
             "No guest serves {provisioner} right now ({why}); the volume's storage is deleted once a guest for it is loaded again"
         ),
     );
-}
-
-/// Intent-log recovery of a volume entry. A PV still waiting in the cache for the volume path is
-/// left to it; a PV still there and not being deleted settles the entry (the volume path records
-/// it again if it deletes the PV); a PV gone, or going while Released, has its storage deleted
-/// from the recorded PV once the guest's guard agrees. `Ok(false)`: not now.
-pub(super) async fn recover(
-    handle: &Handle<'_>,
-    intent: &DeleteIntent,
-) -> Result<bool, VolumeError> {
-    let ctx = handle.ctx();
-    let plugins = ctx.plugins();
-    let recorded = &intent.volume;
-    let same = |pv: &PersistentVolume| pv.metadata.uid == recorded.metadata.uid;
-    let waiting = ctx.volume(&recorded.name_any()).is_some_and(|cached| {
-        cached
-            .whole()
-            .is_some_and(|pv| same(pv) && queued_for_delete(ctx, &plugins, pv).is_some())
-    });
-    if waiting {
-        return Ok(false);
-    }
-    if let Some(live) = handle.get_pv(&recorded.name_any()).await?
-        && same(&live)
-    {
-        let released = live.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
-        if live.metadata.deletion_timestamp.is_none() || !released {
-            return Ok(true);
-        }
-    }
-    let Some(guest) = plugins.for_provisioner(&intent.provisioner).cloned() else {
-        tracing::info!(pv = %recorded.name_any(), provisioner = %intent.provisioner, "storage of a deleted volume waits for its guest");
-        return Ok(false);
-    };
-    if !handle
-        .guest(guest.should_delete(&convert::volume(recorded)?))
-        .await?
-        .map_err(VolumeError::Guest)?
-    {
-        return Ok(true);
-    }
-    if delete_storage(handle, recorded, &guest, intent.class.as_ref()).await? {
-        tracing::info!(pv = %recorded.name_any(), guest = guest.name(), "deleted the storage of a deleted volume (intent log)");
-    }
-    Ok(true)
 }

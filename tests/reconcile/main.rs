@@ -23,7 +23,7 @@ use wasm_provisioner::controller::cache::{self, CachedVolume};
 use wasm_provisioner::controller::claims::{self, ClaimError};
 use wasm_provisioner::controller::decide::{ANN_CLASS_RECORD, FINALIZER_CLAIM, FINALIZER_PV};
 use wasm_provisioner::controller::gate::Mode;
-use wasm_provisioner::controller::intent::{Intent, IntentLog};
+use wasm_provisioner::controller::intent::{Intent, IntentLog, Storage};
 use wasm_provisioner::controller::plan::ANN_MAX_IN_FLIGHT;
 use wasm_provisioner::controller::{Caches, Context, IntentRecord, Settings, volumes};
 use wasm_provisioner::metrics::{Metrics, Queue};
@@ -44,7 +44,7 @@ fn claim_event(pvc: PersistentVolumeClaim) -> watcher::Event<PersistentVolumeCla
 /// A PV as the controller's watch caches it (default settings: no PV finalizer mode).
 fn cached_volume(pv: PersistentVolume) -> CachedVolume {
     let mut cached = CachedVolume::from(pv);
-    cached.settle(|pv| cache::volume_settled(pv, false));
+    cached.settle(|pv| cache::volume_settled(pv, false), cache::storage_of);
     cached
 }
 
@@ -198,9 +198,26 @@ impl World {
 
 /// A second process over the same API server and guests: what a restart sees.
 fn restarted(world: &World) -> Context {
+    let (claims, _) = reflector::store();
+    restarted_over(world, claims)
+}
+
+/// A restart whose claim cache has caught up with the claims the API server holds.
+fn restarted_with_claims(world: &World) -> Context {
+    let (claims, mut writer) = reflector::store();
+    for claim in world
+        .api
+        .objects_under(&format!("/api/v1/namespaces/{NS}/persistentvolumeclaims"))
+    {
+        let pvc: PersistentVolumeClaim = serde_json::from_value(claim).expect("claim");
+        writer.apply_watcher_event(&claim_event(pvc));
+    }
+    restarted_over(world, claims)
+}
+
+fn restarted_over(world: &World, claims: reflector::Store<PersistentVolumeClaim>) -> Context {
     let (classes, _) = reflector::store();
     let (volumes, _) = reflector::store();
-    let (claims, _) = reflector::store();
     Context::new(
         world.api.client(),
         world.ctx.plugins(),
@@ -657,7 +674,7 @@ async fn crashed_mid_provision() -> World {
 }
 
 #[tokio::test]
-async fn recovery_deletes_the_storage_of_a_claim_deleted_while_no_one_worked_on_it() {
+async fn a_claim_deleted_after_a_crash_mid_call_keeps_its_storage_and_says_so() {
     let world = crashed_mid_provision().await;
     assert!(
         world.storage.path().join("pvc-u-data").is_dir(),
@@ -678,36 +695,125 @@ async fn recovery_deletes_the_storage_of_a_claim_deleted_while_no_one_worked_on_
         settled, 0,
         "a process leaves its own claims in flight to itself"
     );
-    // A restarted process (same replica, same log) recovers it.
+    // A restarted process does not know what the guest built: it never asks the guest again
+    // (a namesake claim's storage could be the answer), so the storage stays and it says so.
+    let restarted = restarted(&world);
+    let settled = wasm_provisioner::controller::recover_intents(&restarted)
+        .await
+        .expect("recovered");
+    assert_eq!(settled, 1, "the entry leaves the log");
+    assert!(
+        world.storage.path().join("pvc-u-data").is_dir(),
+        "storage kept"
+    );
+    assert!(!world.guest_calls().contains("delete"));
+    restarted.recorder.flush(Duration::from_secs(5)).await;
+    assert!(
+        world
+            .api
+            .event_reasons()
+            .contains(&"StorageKept".to_string()),
+        "{:?}",
+        world.api.event_reasons()
+    );
+}
+
+/// An entry that says what the guest built, for a claim gone before its PV: what a process
+/// killed between the guest's answer and the PV create leaves.
+async fn record_built(world: &World, log: &IntentLog, uid: &str, name: &str, path: &str) {
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": format!("pvc-{uid}"), "uid": format!("pv-{uid}"),
+                     "annotations": {"pv.kubernetes.io/provisioned-by": P}},
+        "spec": {"hostPath": {"path": path}, "persistentVolumeReclaimPolicy": "Delete",
+                 "storageClassName": "fast", "capacity": {"storage": "1Gi"}},
+    }))
+    .unwrap();
+    let Intent::Claim(mut entry) = Intent::claim(P, &format!("pvc-{uid}"), NS, name) else {
+        unreachable!()
+    };
+    entry.built = Some(Storage::of(&pv, None));
+    std::fs::create_dir_all(world.storage.path().join(format!("pvc-{uid}"))).unwrap();
+    let generation = log.update(uid, &Intent::Claim(entry)).expect("fits");
+    tokio::time::timeout(Duration::from_secs(10), log.durable(generation))
+        .await
+        .expect("written in time")
+        .expect("written");
+}
+
+#[tokio::test]
+async fn recovery_deletes_what_the_guest_built_for_a_claim_gone_before_its_pv() {
+    let (world, log) = World::logged();
+    record_built(&world, &log, "u-gone", "gone", "/nowhere/gone").await;
     let settled = wasm_provisioner::controller::recover_intents(&restarted(&world))
         .await
         .expect("recovered");
     assert_eq!(settled, 1);
     assert!(
-        !world.storage.path().join("pvc-u-data").exists(),
-        "the storage of the deleted claim is gone"
+        !world.storage.path().join("pvc-u-gone").exists(),
+        "what the guest built for the gone claim is deleted"
     );
     assert!(
-        world.api.get(&pv_path("pvc-u-data")).is_none(),
-        "and no PV was made"
+        !world.guest_calls().contains("provision"),
+        "the guest is never asked again what it built: {}",
+        world.guest_calls()
     );
 }
 
 #[tokio::test]
-async fn recovery_keeps_the_storage_of_a_bound_claim_it_does_not_cache() {
-    let mut world = crashed_mid_provision().await;
-    // The claim is bound meanwhile (its PV gone again: a Lost claim), so no cache holds it.
-    let mut bound = world.api.get(&claim_path("data")).unwrap();
-    bound["spec"]["volumeName"] = json!("pvc-u-data");
-    world.claim(bound);
-    let settled = wasm_provisioner::controller::recover_intents(&restarted(&world))
+async fn a_namesake_claims_live_storage_is_never_deleted() {
+    let (mut world, log) = World::logged();
+    // The old claim `data` built /shared/team/data (a pattern from namespace and name) and is
+    // gone; a new claim of the same name was given the same directory and is Bound.
+    record_built(&world, &log, "u-old", "data", "/shared/team/data").await;
+    let mut namesake = claim_of("data", "fast", P);
+    namesake["metadata"]["uid"] = json!("u-new");
+    namesake["spec"]["volumeName"] = json!("pvc-u-new");
+    world.claim(namesake);
+    world.api.put(
+        &pv_path("pvc-u-new"),
+        json!({"metadata": {"name": "pvc-u-new", "uid": "pv-u-new"},
+               "spec": {"hostPath": {"path": "/shared/team/data"}}, "status": {"phase": "Bound"}}),
+    );
+    let settled = wasm_provisioner::controller::recover_intents(&restarted_with_claims(&world))
         .await
         .expect("recovered");
-    assert_eq!(settled, 0, "the claim still exists: nothing to settle");
+    assert_eq!(settled, 1, "the entry leaves the log");
     assert!(
-        world.storage.path().join("pvc-u-data").is_dir(),
-        "the storage of a claim that exists is kept"
+        world.storage.path().join("pvc-u-old").is_dir(),
+        "storage a live claim uses is kept"
     );
+    assert!(
+        !world.guest_calls().contains("delete"),
+        "{}",
+        world.guest_calls()
+    );
+}
+
+#[tokio::test]
+async fn recovery_makes_no_request_for_waiting_claims() {
+    let (mut world, log) = World::logged();
+    for n in 0..1000 {
+        let pvc = world.claim(claim_of(&format!("w{n}"), "fast", P));
+        let uid = pvc.metadata.uid.clone().unwrap();
+        let intent = Intent::claim(P, &format!("pvc-{uid}"), NS, &format!("w{n}"));
+        log.update(&uid, &intent).expect("fits");
+    }
+    let before = world.api.requests().len();
+    for _ in 0..3 {
+        wasm_provisioner::controller::recover_intents(&world.ctx)
+            .await
+            .expect("recovered");
+    }
+    let made: Vec<_> = world.api.requests()[before..]
+        .iter()
+        .filter(|r| !r.path.starts_with(LOGS))
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(
+        made.is_empty(),
+        "1,000 waiting claims cost no request: {made:?}"
+    );
+    assert_eq!(log.len(), 1000, "waiting claims are the claim path's");
 }
 
 #[tokio::test]
@@ -735,7 +841,7 @@ async fn a_standby_makes_no_request_at_all() {
 }
 
 #[tokio::test]
-async fn a_claim_deleted_between_attempts_is_recovered_by_the_same_process() {
+async fn a_claim_whose_guest_refuses_for_now_leaves_the_log() {
     let mut world = World::new(log_settings(), "");
     world.class(
         "flaky",
@@ -748,9 +854,13 @@ async fn a_claim_deleted_between_attempts_is_recovered_by_the_same_process() {
     world
         .provision(&pvc)
         .await
-        .expect_err("transient: storage may exist");
-    assert_eq!(log.len(), 1, "the intent stays while storage may exist");
-    // The claim goes before the next attempt (no finalizer holds it in log mode).
+        .expect_err("transient: try again later");
+    assert_eq!(
+        log.len(),
+        0,
+        "nothing built: a waiting claim is recorded again when its turn comes, not kept"
+    );
+    // The claim goes before the next attempt: nothing is left to recover.
     world.api.remove(&claim_path("data"));
     world
         .claims
@@ -758,13 +868,38 @@ async fn a_claim_deleted_between_attempts_is_recovered_by_the_same_process() {
     let settled = wasm_provisioner::controller::recover_intents(&world.ctx)
         .await
         .expect("recovered");
-    assert_eq!(settled, 1, "no attempt is running: recovery settles it");
+    assert_eq!(settled, 0);
+    assert!(!world.guest_calls().contains("delete"));
+}
+
+#[tokio::test]
+async fn claims_with_huge_annotations_do_not_fill_the_log() {
+    let (mut world, log) = World::logged();
+    let mut claims = Vec::new();
+    for n in 0..6 {
+        let mut claim = claim_of(&format!("big{n}"), "fast", P);
+        claim["metadata"]["annotations"]["team.example/notes"] = json!("x".repeat(200 * 1024));
+        claims.push(world.claim(claim));
+    }
+    let reconciles = claims.iter().map(|pvc| world.provision(pvc));
+    for result in futures::future::join_all(reconciles).await {
+        result.expect("provisioned");
+    }
+    assert!(log.bytes() < 16 * 1024, "{} bytes", log.bytes());
+    for n in 0..6 {
+        assert!(world.api.get(&pv_path(&format!("pvc-u-big{n}"))).is_some());
+    }
+    let writes: Vec<usize> = world
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.path.starts_with(LOGS) && r.method != http::Method::GET)
+        .map(|r| r.body.to_string().len())
+        .collect();
     assert!(
-        world.guest_calls().contains("delete"),
-        "{}",
-        world.guest_calls()
+        writes.iter().all(|bytes| *bytes < 64 * 1024),
+        "no write carries the annotations: {writes:?}"
     );
-    assert_eq!(log.len(), 0);
 }
 
 #[tokio::test]

@@ -164,14 +164,12 @@ async fn a_volume_rebound_since_the_cache_saw_it_keeps_its_storage() {
         "storage of a rebound volume kept"
     );
     assert!(!world.guest_calls().contains("delete"));
-    // The watch catches up; recovery reads the PV, finds it there and not going, and drops the
-    // entry.
+    assert_eq!(log.len(), 0, "a refused delete leaves nothing in the log");
     world.volume(our_pv("pvc-re", "Bound", false, &[]));
     let settled = wasm_provisioner::controller::recover_intents(&world.ctx)
         .await
         .expect("recovered");
-    assert_eq!(settled, 1);
-    assert_eq!(log.len(), 0, "its entry is dropped");
+    assert_eq!(settled, 0);
     assert!(
         world.storage.path().join("pvc-re").is_dir(),
         "storage still kept"
@@ -215,40 +213,171 @@ async fn storage_whose_pv_went_first_is_deleted_by_recovery_after_a_restart() {
     );
 }
 
-#[tokio::test]
-async fn recovery_leaves_a_volume_entry_whose_pv_is_still_there_and_asks_the_guard() {
-    let (mut world, log) = World::logged();
-    let kept = released_with_storage(
-        &mut world,
-        "pvc-k",
-        json!({"scripted.wasm-provisioner.dev/keep": "true"}),
-    );
-    let there = released_with_storage(&mut world, "pvc-t", json!({}));
-    // Both recorded (one ahead of the other), then the process dies before either PV delete.
-    let intent = |pv: &PersistentVolume| {
-        let uid = pv.metadata.uid.clone().expect("uid");
-        (uid, Intent::delete(P, pv, None))
-    };
-    let ((first, intent), ahead) = (intent(&kept), intent(&there));
-    log.record(&first, &intent, vec![ahead])
+/// Two Released volumes: deleting the first records the second ahead. Returns the second.
+async fn second_recorded_ahead(world: &mut World, log: &IntentLog) -> Arc<PersistentVolume> {
+    let first = released_with_storage(world, "pvc-a1", json!({}));
+    let second = released_with_storage(world, "pvc-a2", json!({}));
+    volumes::reconcile(first, world.ctx.clone())
         .await
-        .expect("recorded");
-    log.attempt_over(&first);
-    // The kept one's PV is deleted by hand: recovery must still ask the guard.
-    world.api.remove(&pv_path("pvc-k"));
-    let settled = wasm_provisioner::controller::recover_intents(&restarted(&world))
+        .expect("deleted");
+    assert!(log.holds("uid-pvc-a2"), "recorded ahead");
+    second
+}
+
+#[tokio::test]
+async fn a_volume_switched_to_retain_then_deleted_keeps_its_storage() {
+    let (mut world, log) = World::logged();
+    let second = second_recorded_ahead(&mut world, &log).await;
+    // The admin keeps it: Retain, then `kubectl delete pv` (the documented way to keep data).
+    let mut retained = our_pv("pvc-a2", "Released", false, &[]);
+    retained["spec"]["persistentVolumeReclaimPolicy"] = json!("Retain");
+    let retained = world.volume(retained);
+    volumes::reconcile(retained.clone(), world.ctx.clone())
+        .await
+        .expect("kept");
+    world.api.remove(&pv_path("pvc-a2"));
+    world
+        .volumes
+        .apply_watcher_event(&watcher::Event::Delete(cached_volume((*second).clone())));
+    for ctx in [&*world.ctx, &restarted(&world)] {
+        wasm_provisioner::controller::recover_intents(ctx)
+            .await
+            .expect("recovered");
+    }
+    assert!(
+        world.storage.path().join("pvc-a2").is_dir(),
+        "the retained volume's storage is kept"
+    );
+    assert_eq!(
+        world.guest_calls().matches("delete").count(),
+        1,
+        "{}",
+        world.guest_calls()
+    );
+}
+
+#[tokio::test]
+async fn an_entry_recorded_ahead_never_deletes_on_its_own_even_after_a_restart() {
+    let (mut world, log) = World::logged();
+    let _second = second_recorded_ahead(&mut world, &log).await;
+    // Someone else deletes the PV (it was Released with Delete: still not ours to act on), and
+    // the process restarts with the entry in its log.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    world.api.remove(&pv_path("pvc-a2"));
+    let restarted = restarted(&world);
+    let settled = wasm_provisioner::controller::recover_intents(&restarted)
         .await
         .expect("recovered");
-    assert_eq!(settled, 2, "both entries settled");
+    assert_eq!(settled, 1, "the entry leaves the log");
+    assert!(world.storage.path().join("pvc-a2").is_dir(), "storage kept");
+    restarted.recorder.flush(Duration::from_secs(5)).await;
     assert!(
-        world.storage.path().join("pvc-k").is_dir(),
-        "the guard keeps a volume's storage even once its PV is gone"
+        world
+            .api
+            .event_reasons()
+            .contains(&"StorageKept".to_string())
+    );
+}
+
+#[tokio::test]
+async fn a_pv_recreated_over_storage_whose_delete_failed_keeps_it() {
+    let (mut world, log) = World::logged();
+    let pv = released_with_storage(
+        &mut world,
+        "pvc-rc",
+        json!({"scripted.wasm-provisioner.dev/delete-fail": "final"}),
+    );
+    volumes::reconcile(pv, world.ctx.clone())
+        .await
+        .expect_err("the guest's delete fails");
+    let Some(Intent::Volume(entry)) = log.get("uid-pvc-rc") else {
+        panic!("entry kept for recovery")
+    };
+    assert!(
+        entry.deleted.is_some() && entry.retries.attempts == 1,
+        "{entry:?}"
+    );
+    // The admin recreates the PV over the storage, with Retain, to keep it.
+    let mut recreated = our_pv("pvc-rc", "Available", false, &[]);
+    recreated["metadata"]["uid"] = json!("uid-recreated");
+    recreated["spec"]["persistentVolumeReclaimPolicy"] = json!("Retain");
+    world.volume(recreated);
+    for ctx in [&*world.ctx, &restarted(&world)] {
+        wasm_provisioner::controller::recover_intents(ctx)
+            .await
+            .expect("recovered");
+    }
+    assert!(world.storage.path().join("pvc-rc").is_dir(), "storage kept");
+    assert_eq!(
+        world.guest_calls().matches("delete").count(),
+        1,
+        "{}",
+        world.guest_calls()
+    );
+    assert_eq!(log.len(), 0);
+}
+
+#[tokio::test]
+async fn a_storage_delete_that_keeps_failing_stops_at_the_threshold_and_can_be_forgotten() {
+    let mut world = World::new(
+        Settings {
+            failed_delete_threshold: 2,
+            ..log_settings()
+        },
+        "",
+    );
+    world.class("fast", json!({}), json!({}));
+    let log = world.ctx.intents.clone().expect("log mode");
+    tokio::spawn(log.clone().run());
+    let pv = released_with_storage(
+        &mut world,
+        "pvc-st",
+        json!({"scripted.wasm-provisioner.dev/delete-fail": "final"}),
+    );
+    volumes::reconcile(pv.clone(), world.ctx.clone())
+        .await
+        .expect_err("the guest's delete fails");
+    log.attempt_over("uid-pvc-st");
+    world
+        .volumes
+        .apply_watcher_event(&watcher::Event::Delete(cached_volume((*pv).clone())));
+    for _ in 0..3 {
+        let _ = wasm_provisioner::controller::recover_intents(&world.ctx).await;
+    }
+    assert_eq!(
+        world.guest_calls().matches("delete").count(),
+        2,
+        "two attempts, then no more: {}",
+        world.guest_calls()
+    );
+    let Some(Intent::Volume(entry)) = log.get("uid-pvc-st") else {
+        panic!("the handle stays")
+    };
+    assert!(entry.retries.given_up, "{entry:?}");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let namespace = LOGS.split('/').nth(4).expect("namespace");
+    let listed = wasm_provisioner::uninstall::report_intents(&world.api.client(), namespace)
+        .await
+        .expect("listed");
+    assert!(
+        listed.contains("pvc-st") && listed.contains("given up"),
+        "{listed}"
+    );
+    let forgotten =
+        wasm_provisioner::uninstall::forget_storage(world.api.client(), namespace, "pvc-st", false)
+            .await
+            .expect("forgotten");
+    assert!(forgotten.contains("pvc-st"), "{forgotten}");
+    let stored = world.api.objects_under(LOGS);
+    assert!(
+        stored[0]["data"].get("uid-pvc-st").is_none(),
+        "{}",
+        stored[0]
     );
     assert!(
-        world.storage.path().join("pvc-t").is_dir(),
-        "storage of a PV still there is left to the volume path"
+        world.storage.path().join("pvc-st").is_dir(),
+        "storage left as it is"
     );
-    assert!(!world.guest_calls().contains("delete"));
 }
 
 #[tokio::test]

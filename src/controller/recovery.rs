@@ -1,0 +1,624 @@
+//! Intent-log recovery: what becomes of an entry nobody is working on. Storage is deleted only
+//! when the live cluster agrees, read at the moment of deleting, never from a record alone and
+//! never by asking a guest again what it built:
+//! - a volume entry deletes only if our own DELETE of that PV (UID and resourceVersion as
+//!   preconditions: Released with policy `Delete` at that version) succeeded and was recorded,
+//!   no live PV names the same storage, and the guest's guard agrees;
+//! - a claim entry deletes only what the guest returned for it, once the claim is gone and no
+//!   live PV or claim names that storage;
+//! - anything else (recorded ahead, or left by a process that stopped before it knew) keeps its
+//!   storage and leaves the log.
+//!
+//! The decision is [`plan_entry`] (pure, from the caches: no request while claims wait); this
+//! module executes it, and asks the API server only right before it deletes.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use kube::runtime::reflector::ObjectRef;
+
+use super::Context;
+use super::cache::{self, CachedVolume};
+use super::events;
+use super::gate::LockKey;
+use super::handle::Handle;
+use super::intent::{ClaimIntent, Intent, IntentLog, Storage, VolumeIntent};
+use crate::controller::convert;
+use crate::wasm::bindings::types::ProvisionError;
+use crate::wasm::{CallError, Guest};
+
+/// Why one entry could not be settled this time.
+#[derive(Debug, thiserror::Error)]
+pub enum RecoveryError {
+    /// An API request failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The guest could not delete the storage.
+    #[error(transparent)]
+    Guest(CallError),
+    /// The recorded PV cannot be expressed in the contract.
+    #[error(transparent)]
+    Convert(#[from] convert::ConvertError),
+    /// This replica may not write now.
+    #[error(transparent)]
+    Gate(#[from] super::gate::GateError),
+    /// The entry's new state could not be recorded.
+    #[error(transparent)]
+    Intent(#[from] super::intent::IntentError),
+}
+
+/// What the caches say about the objects one entry names.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct EntryFacts {
+    /// The PV of the entry's name: its UID, and whether the volume path will delete it.
+    pub pv: Option<(String, bool)>,
+    /// The claim of the entry's namespace and name: its UID, whether it is being deleted, and
+    /// whether it is bound.
+    pub claim: Option<(String, bool, bool)>,
+    /// Another live PV names the recorded storage.
+    pub storage_named_elsewhere: bool,
+    /// The entry came from a stored log (an earlier process or another replica), not from a
+    /// reconcile of this process.
+    pub inherited: bool,
+}
+
+/// What to do with one entry.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EntryPlan {
+    /// Someone else's turn (the claim or volume path), or not now.
+    Leave,
+    /// Nothing left to do: the entry leaves the log.
+    Drop,
+    /// Its storage stays: the entry leaves the log, and why is said (log line and event).
+    Keep(String),
+    /// Delete the recorded storage, after the live checks.
+    Delete,
+}
+
+/// Decides what becomes of entry `key`, from the caches alone.
+pub fn plan_entry(key: &str, intent: &Intent, facts: &EntryFacts) -> EntryPlan {
+    if intent.retries().given_up {
+        return EntryPlan::Leave;
+    }
+    match intent {
+        Intent::Claim(claim) => plan_claim_entry(key, claim, facts),
+        Intent::Volume(volume) => plan_volume_entry(key, volume, facts),
+    }
+}
+
+fn plan_claim_entry(key: &str, claim: &ClaimIntent, facts: &EntryFacts) -> EntryPlan {
+    if facts.pv.is_some() {
+        // Its PV exists: the reclaim policy decides about the storage from now on.
+        return EntryPlan::Drop;
+    }
+    match &facts.claim {
+        Some((uid, deleting, _)) if uid == key && !*deleting => return EntryPlan::Leave,
+        // A namesake still unbound may be given the same storage by a name-based pattern: wait
+        // until it has a PV, whose storage the live checks then compare.
+        Some((uid, false, false)) if uid != key && claim.built.is_some() => {
+            return EntryPlan::Leave;
+        }
+        _ => {}
+    }
+    match &claim.built {
+        None if facts.inherited => EntryPlan::Keep(format!(
+            "the provisioner stopped while guest of {} may have been building storage for {} (claim {}/{}, now deleted); what it built is unknown, so nothing was deleted",
+            claim.provisioner, claim.pv, claim.namespace, claim.name
+        )),
+        // Recorded ahead and never called, or called and refused: nothing was built.
+        None => EntryPlan::Drop,
+        Some(_) if facts.storage_named_elsewhere => EntryPlan::Keep(format!(
+            "the storage built for deleted claim {}/{} ({}) is named by another live volume",
+            claim.namespace, claim.name, claim.pv
+        )),
+        Some(_) => EntryPlan::Delete,
+    }
+}
+
+fn plan_volume_entry(key: &str, volume: &VolumeIntent, facts: &EntryFacts) -> EntryPlan {
+    match (&facts.pv, &volume.deleted) {
+        // Our DELETE of it succeeded: the cache has not caught up yet.
+        (Some((uid, _)), Some(_)) if uid == key => EntryPlan::Leave,
+        // Still there: the volume path decides on the live object.
+        (Some((uid, queued)), _) if uid == key => {
+            if *queued {
+                EntryPlan::Leave
+            } else {
+                EntryPlan::Drop
+            }
+        }
+        (Some(_), Some(_)) => EntryPlan::Keep(format!(
+            "PV {} was created again over storage whose delete had not finished",
+            volume.pv
+        )),
+        (_, Some(_)) if facts.storage_named_elsewhere => EntryPlan::Keep(format!(
+            "the storage of deleted PV {} is named by another live volume",
+            volume.pv
+        )),
+        (_, Some(_)) => EntryPlan::Delete,
+        (_, None) if facts.inherited => EntryPlan::Keep(format!(
+            "PV {} is gone but no record says this provisioner deleted it (someone else did, or the provisioner stopped before it recorded its delete)",
+            volume.pv
+        )),
+        // Recorded ahead, and the volume path declined or another party deleted the PV.
+        (_, None) => EntryPlan::Drop,
+    }
+}
+
+/// Recovers every entry of this replica's log, after taking over the logs of stopped replicas.
+/// Returns how many entries left the log.
+pub async fn recover_intents(ctx: &Context) -> Result<usize, kube::Error> {
+    let Some(log) = &ctx.intents else {
+        return Ok(0);
+    };
+    log.adopt_others().await?;
+    let mut settled = 0;
+    for (key, intent) in log.entries() {
+        if log.is_fresh(&key) {
+            continue;
+        }
+        let lock = match intent {
+            Intent::Claim(_) => LockKey::Claim(key.clone()),
+            Intent::Volume(_) => LockKey::Volume(key.clone()),
+        };
+        let Ok(handle) = Handle::open(ctx, lock) else {
+            // Not the leader (any more): the leader recovers.
+            break;
+        };
+        let facts = facts_of(ctx, log, &key, &intent);
+        let outcome = match plan_entry(&key, &intent, &facts) {
+            EntryPlan::Leave => Ok(false),
+            EntryPlan::Drop => Ok(true),
+            EntryPlan::Keep(why) => {
+                keep(&handle, &intent, &why);
+                Ok(true)
+            }
+            EntryPlan::Delete => delete_recorded(&handle, log, &key, &intent).await,
+        };
+        match outcome {
+            Ok(true) => {
+                log.drop_unless_fresh(&key);
+                settled += 1;
+            }
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(%error, pv = %intent.pv(), "recovering an intent failed; retried later")
+            }
+        }
+    }
+    Ok(settled)
+}
+
+fn facts_of(ctx: &Context, log: &IntentLog, key: &str, intent: &Intent) -> EntryFacts {
+    let plugins = ctx.plugins();
+    let pv = ctx.volume(intent.pv()).map(|cached| {
+        let uid = cached_uid(&cached);
+        let queued = cached
+            .whole()
+            .is_some_and(|pv| super::volumes::queued_for_delete(ctx, &plugins, pv).is_some());
+        (uid, queued)
+    });
+    let claim = match intent {
+        Intent::Claim(claim) => ctx
+            .claims
+            .get(&ObjectRef::new(&claim.name).within(&claim.namespace))
+            .map(|pvc| claim_facts(&pvc)),
+        Intent::Volume(_) => None,
+    };
+    let storage_named_elsewhere = intent
+        .storage()
+        .is_some_and(|storage| named_elsewhere(ctx, storage));
+    EntryFacts {
+        pv,
+        claim,
+        storage_named_elsewhere,
+        inherited: log.inherited(key),
+    }
+}
+
+fn cached_uid(cached: &CachedVolume) -> String {
+    use kube::Resource;
+    cached.meta().uid.clone().unwrap_or_default()
+}
+
+fn claim_facts(pvc: &PersistentVolumeClaim) -> (String, bool, bool) {
+    let bound = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .is_some_and(|v| !v.is_empty());
+    (
+        pvc.metadata.uid.clone().unwrap_or_default(),
+        pvc.metadata.deletion_timestamp.is_some(),
+        bound,
+    )
+}
+
+/// Whether a PV in the cache other than the recorded one names the recorded storage.
+fn named_elsewhere(ctx: &Context, storage: &Storage) -> bool {
+    let Some(mine) = cache::storage_of(&storage.volume) else {
+        return false;
+    };
+    let uid = storage.volume.metadata.uid.as_deref();
+    ctx.volumes.state().iter().any(|cached| {
+        use kube::Resource;
+        cached.meta().uid.as_deref() != uid && cached.storage() == Some(mine)
+    })
+}
+
+/// The storage stays; says so where an operator looks.
+fn keep(handle: &Handle<'_>, intent: &Intent, why: &str) {
+    tracing::warn!(pv = %intent.pv(), "storage kept: {why}");
+    handle.event(
+        &pv_reference(intent.pv(), None),
+        true,
+        events::STORAGE_KEPT,
+        "Delete",
+        format!("Storage kept: {why}"),
+    );
+}
+
+fn pv_reference(name: &str, uid: Option<&str>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolume".into()),
+        name: Some(name.to_string()),
+        uid: uid.map(str::to_string),
+        ..ObjectReference::default()
+    }
+}
+
+/// Deletes what the entry records, after asking the API server that no live PV of that name and
+/// no live claim of that name and namespace stand for it now. `Ok(true)`: the entry is settled.
+async fn delete_recorded(
+    handle: &Handle<'_>,
+    log: &IntentLog,
+    key: &str,
+    intent: &Intent,
+) -> Result<bool, RecoveryError> {
+    let ctx = handle.ctx();
+    let storage = intent.storage().expect("planned with storage");
+    if let Some(why) = live_owner(handle, key, intent).await? {
+        keep(handle, intent, &why);
+        return Ok(true);
+    }
+    let plugins = ctx.plugins();
+    let Some(guest) = plugins.for_provisioner(intent.provisioner()).cloned() else {
+        tracing::info!(pv = %intent.pv(), provisioner = %intent.provisioner(), "recorded storage waits for its guest");
+        return Ok(false);
+    };
+    let volume = convert::volume(&storage.volume)?;
+    if let Intent::Volume(_) = intent
+        && !handle
+            .guest(guest.should_delete(&volume))
+            .await?
+            .map_err(RecoveryError::Guest)?
+    {
+        keep(handle, intent, "the guest's deletion guard keeps it");
+        return Ok(true);
+    }
+    match delete_storage(handle, &guest, storage).await? {
+        Ok(()) => {
+            tracing::info!(pv = %intent.pv(), guest = guest.name(), "deleted recorded storage (intent log)");
+            Ok(true)
+        }
+        Err(error) => {
+            failed(handle, log, key, intent, &error.to_string())?;
+            Err(RecoveryError::Guest(error))
+        }
+    }
+}
+
+/// Counts a failed delete in the entry (its handle for operators), with an event on the PV
+/// name, and gives up at `--failed-delete-threshold`.
+pub(super) fn failed(
+    handle: &Handle<'_>,
+    log: &IntentLog,
+    key: &str,
+    intent: &Intent,
+    error: &str,
+) -> Result<(), RecoveryError> {
+    let threshold = handle.ctx().settings.failed_delete_threshold;
+    let retries = log.failed(key, error, threshold)?.unwrap_or_default();
+    let reference = pv_reference(intent.pv(), None);
+    handle.event(
+        &reference,
+        true,
+        events::VOLUME_FAILED_DELETE,
+        "Delete",
+        format!(
+            "Deleting the storage of {} failed (attempt {}): {error}",
+            intent.pv(),
+            retries.attempts
+        ),
+    );
+    if retries.given_up {
+        handle.event(
+            &reference,
+            true,
+            events::DELETE_GIVEN_UP,
+            "Delete",
+            format!(
+                "Gave up deleting the storage of {} after {} attempts; it is listed by `wasm-provisioner release-finalizers --dry-run` and removed from the intent log by `wasm-provisioner forget-storage {}`",
+                intent.pv(),
+                retries.attempts,
+                intent.pv()
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Who stands for the recorded storage in the live cluster now, if anyone: a PV of the recorded
+/// name (recreated over it, or the claim's PV), or a claim of the recorded name that is alive.
+async fn live_owner(
+    handle: &Handle<'_>,
+    key: &str,
+    intent: &Intent,
+) -> Result<Option<String>, RecoveryError> {
+    if let Some(live) = handle.get_pv(intent.pv()).await? {
+        let same = live.metadata.uid.as_deref() == Some(key);
+        return Ok(Some(if same {
+            format!("PV {} is still there", intent.pv())
+        } else {
+            format!("PV {} exists again", intent.pv())
+        }));
+    }
+    if let Intent::Claim(claim) = intent
+        && let Some(live) = handle.find_claim(&claim.namespace, &claim.name).await?
+        && live.metadata.deletion_timestamp.is_none()
+    {
+        let uid = live.metadata.uid.as_deref().unwrap_or_default();
+        if uid == key {
+            return Ok(Some(format!(
+                "claim {}/{} is still there",
+                claim.namespace, claim.name
+            )));
+        }
+        if let Some(volume) = live.spec.as_ref().and_then(|s| s.volume_name.as_deref())
+            && let Some(pv) = handle.get_pv(volume).await?
+            && cache::storage_of(&pv) == intent.storage().and_then(|s| cache::storage_of(&s.volume))
+        {
+            return Ok(Some(format!(
+                "claim {}/{} (another claim of the same name) uses it through PV {volume}",
+                claim.namespace, claim.name
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// Asks the guest to delete recorded storage; a guest that ignores it holds none.
+pub(super) async fn delete_storage(
+    handle: &Handle<'_>,
+    guest: &Arc<Guest>,
+    storage: &Storage,
+) -> Result<Result<(), CallError>, RecoveryError> {
+    let request = convert::delete_request(
+        &storage.volume,
+        storage.class.as_ref(),
+        guest.grants().config_json.clone(),
+    )?;
+    Ok(match handle.guest(guest.delete(&request)).await? {
+        Err(CallError::Guest {
+            error: ProvisionError::Ignored(_),
+            ..
+        }) => Ok(()),
+        other => other,
+    })
+}
+
+/// The storage a PV names, for a volume entry's record.
+pub fn storage_record(pv: &PersistentVolume, ctx: &Context) -> Storage {
+    let class = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref())
+        .and_then(|name| ctx.class(name));
+    Storage::of(pv, class.as_deref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn volume_entry(deleted: bool) -> Intent {
+        let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pvc-a", "uid": "pv-uid", "resourceVersion": "5"},
+            "spec": {"hostPath": {"path": "/data/a"}, "persistentVolumeReclaimPolicy": "Delete"}
+        }))
+        .unwrap();
+        let mut intent = Intent::volume("p", &pv);
+        if deleted && let Intent::Volume(v) = &mut intent {
+            v.deleted = Some(Storage::of(&pv, None));
+        }
+        intent
+    }
+
+    fn claim_entry(built: bool) -> Intent {
+        let mut intent = Intent::claim("p", "pvc-c", "team", "data");
+        if built && let Intent::Claim(c) = &mut intent {
+            let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "pvc-c"}, "spec": {"hostPath": {"path": "/data/team/data"}}
+            }))
+            .unwrap();
+            c.built = Some(Storage::of(&pv, None));
+        }
+        intent
+    }
+
+    #[test]
+    fn volume_entries_delete_only_after_our_recorded_delete_and_nothing_names_the_storage() {
+        use EntryPlan::*;
+        let gone = EntryFacts::default();
+        let inherited = EntryFacts {
+            inherited: true,
+            ..EntryFacts::default()
+        };
+        let there = |queued| EntryFacts {
+            pv: Some(("pv-uid".into(), queued)),
+            ..EntryFacts::default()
+        };
+        let recreated = EntryFacts {
+            pv: Some(("other-uid".into(), false)),
+            ..EntryFacts::default()
+        };
+        let named = EntryFacts {
+            storage_named_elsewhere: true,
+            ..EntryFacts::default()
+        };
+        let cases: Vec<(&str, Intent, EntryFacts, fn(&EntryPlan) -> bool)> = vec![
+            (
+                "ahead, PV gone (Retain then deleted by an admin)",
+                volume_entry(false),
+                gone.clone(),
+                |p| *p == Drop,
+            ),
+            (
+                "ahead, PV gone, after a restart",
+                volume_entry(false),
+                inherited.clone(),
+                |p| matches!(p, Keep(_)),
+            ),
+            (
+                "ahead, PV waits for the volume path",
+                volume_entry(false),
+                there(true),
+                |p| *p == Leave,
+            ),
+            (
+                "ahead, PV kept by the volume path (Retain, rebound)",
+                volume_entry(false),
+                there(false),
+                |p| *p == Drop,
+            ),
+            (
+                "deleted by us, PV gone",
+                volume_entry(true),
+                gone.clone(),
+                |p| *p == Delete,
+            ),
+            (
+                "deleted by us, after a restart",
+                volume_entry(true),
+                inherited.clone(),
+                |p| *p == Delete,
+            ),
+            (
+                "deleted by us, the cache not caught up",
+                volume_entry(true),
+                there(false),
+                |p| *p == Leave,
+            ),
+            (
+                "deleted by us, PV recreated under the name",
+                volume_entry(true),
+                recreated.clone(),
+                |p| matches!(p, Keep(_)),
+            ),
+            (
+                "deleted by us, another PV names the storage",
+                volume_entry(true),
+                named.clone(),
+                |p| matches!(p, Keep(_)),
+            ),
+            (
+                "ahead, PV recreated under the name",
+                volume_entry(false),
+                recreated,
+                |p| *p == Drop,
+            ),
+        ];
+        for (what, intent, facts, expected) in cases {
+            let plan = plan_entry("pv-uid", &intent, &facts);
+            assert!(expected(&plan), "{what}: {plan:?}");
+        }
+        let mut given_up = volume_entry(true);
+        given_up.retries_mut().given_up = true;
+        assert_eq!(plan_entry("pv-uid", &given_up, &gone), Leave);
+    }
+
+    #[test]
+    fn claim_entries_delete_only_what_the_guest_built_for_a_gone_claim() {
+        use EntryPlan::*;
+        let alive = EntryFacts {
+            claim: Some(("claim-uid".into(), false, false)),
+            ..EntryFacts::default()
+        };
+        let namesake_waiting = EntryFacts {
+            claim: Some(("new-uid".into(), false, false)),
+            ..EntryFacts::default()
+        };
+        let namesake_bound = EntryFacts {
+            claim: Some(("new-uid".into(), false, true)),
+            ..EntryFacts::default()
+        };
+        let with_pv = EntryFacts {
+            pv: Some(("pv-uid".into(), false)),
+            ..EntryFacts::default()
+        };
+        let inherited = EntryFacts {
+            inherited: true,
+            ..EntryFacts::default()
+        };
+        let named = EntryFacts {
+            storage_named_elsewhere: true,
+            ..EntryFacts::default()
+        };
+        let cases: Vec<(&str, Intent, EntryFacts, fn(&EntryPlan) -> bool)> = vec![
+            (
+                "claim alive: the claim path's",
+                claim_entry(true),
+                alive.clone(),
+                |p| *p == Leave,
+            ),
+            (
+                "claim alive, nothing built",
+                claim_entry(false),
+                alive,
+                |p| *p == Leave,
+            ),
+            ("PV exists", claim_entry(true), with_pv, |p| *p == Drop),
+            (
+                "gone, built",
+                claim_entry(true),
+                EntryFacts::default(),
+                |p| *p == Delete,
+            ),
+            (
+                "gone, nothing built, this process",
+                claim_entry(false),
+                EntryFacts::default(),
+                |p| *p == Drop,
+            ),
+            (
+                "gone, nothing known built, after a restart",
+                claim_entry(false),
+                inherited,
+                |p| matches!(p, Keep(_)),
+            ),
+            (
+                "gone, namesake not yet bound",
+                claim_entry(true),
+                namesake_waiting,
+                |p| *p == Leave,
+            ),
+            (
+                "gone, namesake bound (its PV is compared live)",
+                claim_entry(true),
+                namesake_bound,
+                |p| *p == Delete,
+            ),
+            (
+                "gone, a live PV names the storage",
+                claim_entry(true),
+                named,
+                |p| matches!(p, Keep(_)),
+            ),
+        ];
+        for (what, intent, facts, expected) in cases {
+            let plan = plan_entry("claim-uid", &intent, &facts);
+            assert!(expected(&plan), "{what}: {plan:?}");
+        }
+    }
+}
