@@ -170,7 +170,7 @@ pub async fn recover_intents(ctx: &Context) -> Result<usize, kube::Error> {
             EntryPlan::Leave => Ok(false),
             EntryPlan::Drop => Ok(true),
             EntryPlan::Keep(why) => {
-                keep(&handle, &intent, &why);
+                keep(&handle, &key, &intent, &why);
                 Ok(true)
             }
             EntryPlan::Delete => delete_recorded(&handle, log, &key, &intent).await,
@@ -246,11 +246,22 @@ fn named_elsewhere(ctx: &Context, storage: &Storage) -> bool {
     })
 }
 
-/// The storage stays; says so where an operator looks.
-fn keep(handle: &Handle<'_>, intent: &Intent, why: &str) {
+/// The storage stays; says so where an operator looks (on the claim or the PV it was for).
+fn keep(handle: &Handle<'_>, key: &str, intent: &Intent, why: &str) {
     tracing::warn!(pv = %intent.pv(), "storage kept: {why}");
+    let reference = match intent {
+        Intent::Claim(claim) => ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("PersistentVolumeClaim".into()),
+            namespace: Some(claim.namespace.clone()),
+            name: Some(claim.name.clone()),
+            uid: Some(key.to_string()),
+            ..ObjectReference::default()
+        },
+        Intent::Volume(volume) => pv_reference(&volume.pv, Some(key)),
+    };
     handle.event(
-        &pv_reference(intent.pv(), None),
+        &reference,
         true,
         events::STORAGE_KEPT,
         "Delete",
@@ -279,7 +290,7 @@ async fn delete_recorded(
     let ctx = handle.ctx();
     let storage = intent.storage().expect("planned with storage");
     if let Some(why) = live_owner(handle, key, intent).await? {
-        keep(handle, intent, &why);
+        keep(handle, key, intent, &why);
         return Ok(true);
     }
     let plugins = ctx.plugins();
@@ -294,7 +305,7 @@ async fn delete_recorded(
             .await?
             .map_err(RecoveryError::Guest)?
     {
-        keep(handle, intent, "the guest's deletion guard keeps it");
+        keep(handle, key, intent, "the guest's deletion guard keeps it");
         return Ok(true);
     }
     match delete_storage(handle, &guest, storage).await? {
@@ -320,7 +331,7 @@ pub(super) fn failed(
 ) -> Result<(), RecoveryError> {
     let threshold = handle.ctx().settings.failed_delete_threshold;
     let retries = log.failed(key, error, threshold)?.unwrap_or_default();
-    let reference = pv_reference(intent.pv(), None);
+    let reference = pv_reference(intent.pv(), Some(key));
     handle.event(
         &reference,
         true,
