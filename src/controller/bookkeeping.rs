@@ -73,8 +73,10 @@ pub struct Tracked {
 pub struct Book {
     queue: Queue,
     failures: Mutex<FailureBook>,
-    /// Keys whose last attempt failed (counted or not) and that wait for a retry.
-    retrying: Mutex<std::collections::HashSet<String>>,
+    /// Keys whose last attempt failed (counted or not) and that wait for a retry, with how
+    /// many attempts in a row failed: retries back off on it, so a thousand claims whose guest
+    /// answers `transient` do not crowd out the others.
+    retrying: Mutex<std::collections::HashMap<String, u32>>,
 }
 
 impl Book {
@@ -90,7 +92,7 @@ impl Book {
     /// Whether `key`'s last attempt failed and it waits for a retry (its turn comes by backoff,
     /// so nothing is recorded ahead for it).
     pub fn is_retrying(&self, key: &str) -> bool {
-        self.retrying.lock().expect("lock").contains(key)
+        self.retrying.lock().expect("lock").contains_key(key)
     }
 
     /// Whether `key` is given up for this fingerprint.
@@ -118,7 +120,7 @@ impl Book {
     /// Drops the keys of objects that no longer exist.
     pub fn retain(&self, alive: impl Fn(&str) -> bool) {
         self.failures.lock().expect("lock").retain(&alive);
-        self.retrying.lock().expect("lock").retain(|key| alive(key));
+        self.retrying.lock().expect("lock").retain(|key, _| alive(key));
     }
 
     /// Keys tracked.
@@ -256,12 +258,17 @@ impl Book {
             book.failures(key, fingerprint)
         };
         ctx.metrics.retry_scheduled(self.queue, key);
-        self.retrying.lock().expect("lock").insert(key.to_string());
-        if !error.counts() {
-            return Action::requeue(settings.retry_interval_start);
-        }
+        let in_a_row = {
+            let mut retrying = self.retrying.lock().expect("lock");
+            let in_a_row = retrying.entry(key.to_string()).or_default();
+            *in_a_row = in_a_row.saturating_add(1);
+            *in_a_row
+        };
+        // Failures that do not count toward giving up (transient, in background) still back
+        // off, on their own streak: retried at once, a crowd of them would starve the rest.
+        let streak = if error.counts() { failures } else { in_a_row };
         Action::requeue(decide::backoff(
-            failures,
+            streak,
             settings.retry_interval_start,
             settings.retry_interval_max,
         ))

@@ -193,6 +193,19 @@ pub(super) async fn finish_deleted_claim(
                 },
                 &built,
             );
+            // The claim still exists (our finalizer holds it), so no namesake can; but a PV
+            // left from an earlier claim may name the same storage: that one is not ours.
+            if let Some(other) = super::recovery::other_volume_naming(ctx, &pv) {
+                handle.event(
+                    &pvc.object_ref(&()),
+                    true,
+                    events::STORAGE_KEPT,
+                    "Delete",
+                    format!("Storage kept: PV {other} names the storage the guest describes for {pv_name}"),
+                );
+                handle.release_claim::<ClaimError>(pvc).await?;
+                return Ok(Done::Nothing);
+            }
             handle
                 .guest(delete_storage(&guest, &pv, Some(&class)))
                 .await?
@@ -292,7 +305,7 @@ fn delete_request(
 }
 
 /// Deletes the storage a guest described; a guest that ignores it holds none.
-async fn delete_storage(
+pub(super) async fn delete_storage(
     guest: &Guest,
     pv: &PersistentVolume,
     class: Option<&StorageClass>,

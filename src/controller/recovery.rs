@@ -12,8 +12,6 @@
 //! The decision is [`plan_entry`] (pure, from the caches: no request while claims wait); this
 //! module executes it, and asks the API server only right before it deletes.
 
-use std::sync::Arc;
-
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use kube::runtime::reflector::ObjectRef;
 
@@ -24,8 +22,7 @@ use super::gate::LockKey;
 use super::handle::Handle;
 use super::intent::{ClaimIntent, Intent, IntentLog, Storage, VolumeIntent};
 use crate::controller::convert;
-use crate::wasm::bindings::types::ProvisionError;
-use crate::wasm::{CallError, Guest};
+use crate::wasm::CallError;
 
 /// Why one entry could not be settled this time.
 #[derive(Debug, thiserror::Error)]
@@ -236,14 +233,25 @@ fn claim_facts(pvc: &PersistentVolumeClaim) -> (String, bool, bool) {
 
 /// Whether a PV in the cache other than the recorded one names the recorded storage.
 fn named_elsewhere(ctx: &Context, storage: &Storage) -> bool {
-    let Some(mine) = cache::storage_of(&storage.volume) else {
-        return false;
-    };
-    let uid = storage.volume.metadata.uid.as_deref();
-    ctx.volumes.state().iter().any(|cached| {
-        use kube::Resource;
-        cached.meta().uid.as_deref() != uid && cached.storage() == Some(mine)
-    })
+    other_volume_naming(ctx, &storage.volume).is_some()
+}
+
+/// A PV in the cache, other than `pv` itself (by UID and name), that names the storage `pv`
+/// names: storage that is someone else's now.
+pub(super) fn other_volume_naming(ctx: &Context, pv: &PersistentVolume) -> Option<String> {
+    use kube::Resource;
+    let mine = cache::storage_of(pv)?;
+    let (uid, name) = (pv.metadata.uid.as_deref(), pv.metadata.name.as_deref());
+    ctx.volumes
+        .state()
+        .iter()
+        .find(|cached| {
+            let meta = cached.meta();
+            meta.uid.as_deref() != uid
+                && meta.name.as_deref() != name
+                && cached.storage() == Some(mine)
+        })
+        .and_then(|cached| cached.meta().name.clone())
 }
 
 /// The storage stays; says so where an operator looks (on the claim or the PV it was for).
@@ -308,7 +316,8 @@ async fn delete_recorded(
         keep(handle, key, intent, "the guest's deletion guard keeps it");
         return Ok(true);
     }
-    match delete_storage(handle, &guest, storage).await? {
+    let deleted = super::cleanup::delete_storage(&guest, &storage.volume, storage.class.as_ref());
+    match handle.guest(deleted).await? {
         Ok(()) => {
             tracing::info!(pv = %intent.pv(), guest = guest.name(), "deleted recorded storage (intent log)");
             Ok(true)
@@ -397,26 +406,6 @@ async fn live_owner(
         }
     }
     Ok(None)
-}
-
-/// Asks the guest to delete recorded storage; a guest that ignores it holds none.
-pub(super) async fn delete_storage(
-    handle: &Handle<'_>,
-    guest: &Arc<Guest>,
-    storage: &Storage,
-) -> Result<Result<(), CallError>, RecoveryError> {
-    let request = convert::delete_request(
-        &storage.volume,
-        storage.class.as_ref(),
-        guest.grants().config_json.clone(),
-    )?;
-    Ok(match handle.guest(guest.delete(&request)).await? {
-        Err(CallError::Guest {
-            error: ProvisionError::Ignored(_),
-            ..
-        }) => Ok(()),
-        other => other,
-    })
 }
 
 /// The storage a PV names, for a volume entry's record.

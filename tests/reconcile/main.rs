@@ -873,6 +873,30 @@ async fn a_claim_whose_guest_refuses_for_now_leaves_the_log() {
 }
 
 #[tokio::test]
+async fn a_guest_that_keeps_answering_transient_is_retried_ever_later_without_counting() {
+    let (mut world, _log) = World::logged();
+    world.class("stuck", json!({"fail": "transient"}), json!({}));
+    let pvc = world.claim(claim_of("data", "stuck", P));
+    let mut waits = Vec::new();
+    for _ in 0..4 {
+        let error = world.provision(&pvc).await.expect_err("transient");
+        assert!(!error.counts(), "{error}");
+        let action = claims::error_policy(pvc.clone(), &error, world.ctx.clone());
+        waits.push(requeue_after(&action).expect("requeued"));
+    }
+    let start = world.ctx.settings.retry_interval_start;
+    assert_eq!(waits[0], start, "{waits:?}");
+    assert!(
+        waits.windows(2).all(|w| w[1] > w[0]),
+        "a crowd of waiting claims must not be retried at the start interval forever: {waits:?}"
+    );
+    assert!(
+        world.ctx.claim_book.is_empty() || !world.ctx.claim_book.is_given_up("u-data", 0),
+        "never given up"
+    );
+}
+
+#[tokio::test]
 async fn claims_with_huge_annotations_do_not_fill_the_log() {
     let (mut world, log) = World::logged();
     let mut claims = Vec::new();

@@ -1,0 +1,219 @@
+//! The intent log under the shipped RBAC, at the sizes an attacker or a busy cluster brings:
+//! claims with huge annotations and a thousand claims that wait do not stop other classes, cost
+//! no requests while they wait, and no process start leaves a log behind. Own control plane.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::ensure;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{DeleteParams, ListParams};
+use kube::{Api, ResourceExt};
+use wp_harness::{ControlPlane, Process};
+
+use common::PluginsDir;
+use common::e2e::{Fixture, pv_name};
+
+const LOG_NAMESPACE: &str = "wasm-provisioner";
+const LOG_LABEL: &str = "wasm-provisioner.dev/intents";
+
+struct World {
+    fx: Fixture,
+    storage: tempfile::TempDir,
+    plugins: PluginsDir,
+    process: Option<Process>,
+}
+
+fixture_world!(World);
+
+impl World {
+    async fn new(cp: Arc<ControlPlane>, name: &str) -> anyhow::Result<World> {
+        let fx = Fixture::new(cp, "intents", name).await?;
+        let storage = tempfile::tempdir()?;
+        let plugins = common::dir_guest("scripted", &fx.provisioner, storage.path(), "/state");
+        Ok(World {
+            fx,
+            storage,
+            plugins,
+            process: None,
+        })
+    }
+
+    /// Starts the provisioner as the shipped RBAC identity, as replica `instance`.
+    fn start(&mut self, instance: &str) -> anyhow::Result<()> {
+        let kubeconfig = self.cp.provisioner_kubeconfig().to_owned();
+        let mut cmd = self.provisioner_command(self.plugins.path(), &kubeconfig);
+        cmd.args(["--instance-name", instance])
+            .args(["--leader-election-namespace", LOG_NAMESPACE])
+            .args(["--leader-election-lease-name", &self.ns]);
+        self.process = Some(self.spawn(instance, cmd)?);
+        Ok(())
+    }
+
+    /// This world's intent logs: (name, bytes of data).
+    async fn logs(&self) -> anyhow::Result<Vec<(String, usize)>> {
+        let logs: Api<ConfigMap> = Api::namespaced(self.admin.clone(), LOG_NAMESPACE);
+        let selector = format!("{LOG_LABEL}={}", self.ns);
+        Ok(logs
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items
+            .into_iter()
+            .map(|cm| {
+                let bytes = cm
+                    .data
+                    .iter()
+                    .flatten()
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum();
+                (cm.name_any(), bytes)
+            })
+            .collect())
+    }
+
+    fn logs_forbidden(&self) -> bool {
+        self.fx.logs().contains("forbidden") || self.fx.logs().contains("Forbidden")
+    }
+}
+
+/// Six claims with 250 KiB of annotations each (the API server allows 256 KiB) and a plain claim of another class: all
+/// provisioned; the log holds names, never annotations.
+async fn huge_annotations_do_not_stop_any_class(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "huge").await?;
+    w.start("huge-0")?;
+    let big = w.class("big").create().await?;
+    let plain = w.class("plain").create().await?;
+    let notes = "x".repeat(250 * 1024);
+    for n in 0..6 {
+        w.claim(&format!("big-{n}"))
+            .class(&big)
+            .annotation("team.example/notes", &notes)
+            .create()
+            .await?;
+    }
+    w.claim("plain").class(&plain).create().await?;
+    for n in 0..6 {
+        w.wait_bound(&format!("big-{n}")).await?;
+    }
+    w.wait_bound("plain").await?;
+    for (log, bytes) in w.logs().await? {
+        ensure!(bytes < 64 * 1024, "log {log} holds {bytes} bytes");
+    }
+    ensure!(!w.logs_forbidden(), "{}", w.fx.logs());
+    Ok(())
+}
+
+/// A thousand claims whose guest answers `transient` on every attempt: another class's claim is
+/// Bound and deleted meanwhile, the log stays small, and recovery costs no PV or claim reads.
+async fn a_thousand_waiting_claims_cost_nothing(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "waiting").await?;
+    w.start("waiting-0")?;
+    let stuck = w.class("stuck").param("fail", "transient").create().await?;
+    let plain = w.class("plain").create().await?;
+    let started = Instant::now();
+    for chunk in (0..1000).collect::<Vec<_>>().chunks(50) {
+        let creates = chunk
+            .iter()
+            .map(|n| w.claim(&format!("wait-{n}")).class(&stuck).create());
+        for result in futures::future::join_all(creates).await {
+            result?;
+        }
+    }
+    println!("1,000 waiting claims created in {:?}", started.elapsed());
+    let claim = w.claim("plain").class(&plain).create().await?;
+    let bound = Instant::now();
+    w.wait_bound("plain").await?;
+    println!("another class's claim Bound {:?} after", bound.elapsed());
+    w.claims().delete("plain", &DeleteParams::default()).await?;
+    w.wait_pv_gone(&pv_name(&claim)).await?;
+    // Two recovery passes with the thousand waiting: recovery reads the caches, not the API.
+    let before = pv_gets(&w).await?;
+    tokio::time::sleep(Duration::from_secs(21)).await;
+    let gets = pv_gets(&w).await? - before;
+    println!("PV GETs in 21 s with 1,000 waiting claims: {gets}");
+    ensure!(gets <= 2.0, "recovery reads PVs one by one: {gets} GETs");
+    let logs = w.logs().await?;
+    let bytes: usize = logs.iter().map(|(_, b)| *b).sum();
+    println!("intent log with 1,000 waiting claims: {bytes} bytes");
+    ensure!(bytes < 128 * 1024, "the log stays small: {logs:?}");
+    let log = std::fs::read_to_string(w.cp.run_dir().join(format!("{}-waiting-0-0.log", w.ns)))
+        .unwrap_or_default();
+    ensure!(
+        !log.contains("recovering an intent failed"),
+        "recovery had nothing to fail on"
+    );
+    ensure!(!w.logs_forbidden(), "{}", w.fx.logs());
+    Ok(())
+}
+
+/// Process starts leave no logs behind: a clean stop deletes its empty log, and the leader takes
+/// over and deletes the log of a replica killed with nothing in flight; the RBAC allows both.
+async fn no_process_start_leaves_a_log(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "leaks").await?;
+    let class = w.class("c").create().await?;
+    for round in 0..3 {
+        let instance = format!("leaks-{round}");
+        w.start(&instance)?;
+        let name = format!("data-{round}");
+        w.claim(&name).class(&class).create().await?;
+        w.wait_bound(&name).await?;
+        if round == 1 {
+            w.process.as_mut().expect("running").kill();
+        } else {
+            w.process
+                .as_mut()
+                .expect("running")
+                .terminate_within(Duration::from_secs(30))?;
+        }
+    }
+    // The killed replica's log (if it wrote one) is taken over by the next leader.
+    w.start("leaks-final")?;
+    w.wait("every earlier log gone", || async {
+        let logs = w.logs().await?;
+        Ok(logs
+            .iter()
+            .all(|(name, _)| name.ends_with("leaks-final"))
+            .then_some(()))
+    })
+    .await?;
+    w.process
+        .as_mut()
+        .expect("running")
+        .terminate_within(Duration::from_secs(30))?;
+    let left = w.logs().await?;
+    ensure!(left.is_empty(), "a clean stop leaves no log: {left:?}");
+    ensure!(!w.logs_forbidden(), "{}", w.fx.logs());
+    Ok(())
+}
+
+/// kube-apiserver's count of single-PV GETs so far (no other client of this control plane makes
+/// them: kube-controller-manager lists and watches).
+async fn pv_gets(w: &World) -> anyhow::Result<f64> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = w.admin.request_text(request).await?;
+    Ok(text
+        .lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{")
+                && l.contains("resource=\"persistentvolumes\"")
+                && l.contains("verb=\"GET\"")
+                && l.contains("subresource=\"\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+fn main() -> std::process::ExitCode {
+    common::suite::run(
+        "intent log",
+        &["scripted"],
+        Duration::from_secs(240),
+        e2e_tests![
+            huge_annotations_do_not_stop_any_class,
+            a_thousand_waiting_claims_cost_nothing,
+            no_process_start_leaves_a_log,
+        ],
+    )
+}
