@@ -41,13 +41,31 @@ impl World {
         })
     }
 
-    /// Starts the provisioner as the shipped RBAC identity, as replica `instance`.
+    /// Starts the provisioner as the shipped RBAC identity, as replica `instance`, with the
+    /// suite's fast retries.
     fn start(&mut self, instance: &str) -> anyhow::Result<()> {
-        let kubeconfig = self.cp.provisioner_kubeconfig().to_owned();
-        let mut cmd = self.provisioner_command(self.plugins.path(), &kubeconfig);
-        cmd.args(["--instance-name", instance])
+        self.start_with(
+            instance,
+            &[
+                "--retry-interval-start",
+                "300ms",
+                "--retry-interval-max",
+                "2s",
+            ],
+        )
+    }
+
+    fn start_with(&mut self, instance: &str, retries: &[&str]) -> anyhow::Result<()> {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
+        cmd.args(["run", "--plugins"])
+            .arg(self.plugins.path())
+            .arg("--kubeconfig")
+            .arg(self.cp.provisioner_kubeconfig())
+            .args(retries)
+            .args(["--instance-name", instance])
             .args(["--leader-election-namespace", LOG_NAMESPACE])
-            .args(["--leader-election-lease-name", &self.ns]);
+            .args(["--leader-election-lease-name", &self.ns])
+            .env("RUST_LOG", "info,wasm_provisioner=debug");
         self.process = Some(self.spawn(instance, cmd)?);
         Ok(())
     }
@@ -109,7 +127,17 @@ async fn huge_annotations_do_not_stop_any_class(cp: Arc<ControlPlane>) -> anyhow
 /// Bound and deleted meanwhile, the log stays small, and recovery costs no PV or claim reads.
 async fn a_thousand_waiting_claims_cost_nothing(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
     let mut w = World::new(cp, "waiting").await?;
-    w.start("waiting-0")?;
+    // The shipped retry timing (the suite's default retries every 2 s at most, a storm of
+    // 500 attempts a second that no deployment runs with).
+    w.start_with(
+        "waiting-0",
+        &[
+            "--retry-interval-start",
+            "15s",
+            "--retry-interval-max",
+            "5m",
+        ],
+    )?;
     let stuck = w.class("stuck").param("fail", "transient").create().await?;
     let plain = w.class("plain").create().await?;
     let started = Instant::now();

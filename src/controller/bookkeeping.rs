@@ -120,7 +120,10 @@ impl Book {
     /// Drops the keys of objects that no longer exist.
     pub fn retain(&self, alive: impl Fn(&str) -> bool) {
         self.failures.lock().expect("lock").retain(&alive);
-        self.retrying.lock().expect("lock").retain(|key, _| alive(key));
+        self.retrying
+            .lock()
+            .expect("lock")
+            .retain(|key, _| alive(key));
     }
 
     /// Keys tracked.
