@@ -8,7 +8,7 @@
 //!   M claims bound to M PVs (settled to their identity, and whole as an informer keeps them);
 //! * start-up: process start to "controller started".
 //!
-//! `WP_BENCH_CLAIMS` (default 500) and `WP_BENCH_OBJECTS` (default 10000) size the runs;
+//! `WP_BENCH_BINARY` runs another build of the provisioner. `WP_BENCH_CLAIMS` (default 500) and `WP_BENCH_OBJECTS` (default 10000) size the runs;
 //! `WP_BENCH_RUNS` (default 3) processes per memory figure; `WP_BENCH_PARTS` (default `throughput,memory`) picks the parts; `WP_BENCH_PROFILES` (indexes,
 //! default all) picks the client profiles.
 //! Nothing is asserted; figures go to stdout.
@@ -79,6 +79,14 @@ const PROFILES: [Profile; 5] = [
         extra: &[],
     },
 ];
+
+/// The provisioner binary the bench runs: this build's, or `WP_BENCH_BINARY` (another build of
+/// the project, for figures of two builds taken side by side in one sitting).
+fn provisioner_binary() -> std::path::PathBuf {
+    std::env::var_os("WP_BENCH_BINARY")
+        .map(Into::into)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_wasm-provisioner").into())
+}
 
 /// The profiles to run: `WP_BENCH_PROFILES` as comma-separated indexes into [`PROFILES`].
 fn profiles() -> Vec<(usize, &'static Profile)> {
@@ -350,7 +358,7 @@ async fn provision_run(
             &serde_json::from_value(json!({"metadata": {"name": class}, "provisioner": PROVISIONER, "reclaimPolicy": "Delete"}))?,
         )
         .await?;
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
+    let mut cmd = std::process::Command::new(provisioner_binary());
     cmd.args(["run", "--plugins"])
         .arg(plugins.path())
         .arg("--kubeconfig")
@@ -531,7 +539,7 @@ fn admin_run(
     extra: &[&str],
     log: &str,
 ) -> std::process::Command {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
+    let mut cmd = std::process::Command::new(provisioner_binary());
     cmd.args(["run", "--plugins"])
         .arg(plugins)
         .arg("--module-cache")

@@ -123,9 +123,18 @@ pub fn claim_settled(pvc: &PersistentVolumeClaim) -> bool {
 /// only on Released PVs and on finalizer changes, so it has nothing to do.
 pub fn volume_settled(pv: &PersistentVolume, finalizer_mode: bool) -> bool {
     let bound = pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
-    bound
+    let settled = bound
         && pv.metadata.deletion_timestamp.is_none()
-        && decide::pv_finalizer_change(pv, finalizer_mode).is_none()
+        && decide::pv_finalizer_change(pv, finalizer_mode).is_none();
+    settled || never_ours(pv)
+}
+
+/// A PV no provisioner made (no `provisioned-by`: a static pool of local PVs, say) and without
+/// the PV finalizer: whatever its phase, no path of ours ever acts on it, so its identity is
+/// enough, even while it waits Available or lies Released.
+fn never_ours(pv: &PersistentVolume) -> bool {
+    decide::claim_provisioner_of_volume(pv).is_none()
+        && !has_finalizer(&pv.metadata.finalizers, decide::FINALIZER_PV)
 }
 
 impl<'de, K: Deserialize<'de>> Deserialize<'de> for Cached<K> {
@@ -189,7 +198,8 @@ mod tests {
 
     fn volume(phase: &str, policy: &str, finalizers: &[&str]) -> PersistentVolume {
         serde_json::from_value(json!({
-            "metadata": {"name": "pv", "uid": "u", "finalizers": finalizers},
+            "metadata": {"name": "pv", "uid": "u", "finalizers": finalizers,
+                         "annotations": {decide::ANN_PROVISIONED_BY: "example.com/p"}},
             "spec": {"persistentVolumeReclaimPolicy": policy},
             "status": {"phase": phase},
         }))
@@ -255,6 +265,19 @@ mod tests {
         let mut deleting = volume("Bound", "Delete", &[]);
         deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
         assert!(!volume_settled(&deleting, false), "being deleted");
+        for phase in ["Available", "Released", "Bound"] {
+            let mut unowned = volume(phase, "Delete", &[]);
+            unowned.metadata.annotations = None;
+            assert!(
+                volume_settled(&unowned, true),
+                "a static PV, {phase}: identity only"
+            );
+            unowned.metadata.finalizers = Some(vec![ours.to_string()]);
+            assert!(
+                !volume_settled(&unowned, false),
+                "a finalizer of ours to remove"
+            );
+        }
     }
 
     #[test]
