@@ -21,7 +21,8 @@ const LOG_LABEL: &str = "wasm-provisioner.dev/intents";
 
 struct World {
     fx: Fixture,
-    storage: tempfile::TempDir,
+    /// The guest's granted directory (kept for the world's life).
+    _storage: tempfile::TempDir,
     plugins: PluginsDir,
     process: Option<Process>,
 }
@@ -35,7 +36,7 @@ impl World {
         let plugins = common::dir_guest("scripted", &fx.provisioner, storage.path(), "/state");
         Ok(World {
             fx,
-            storage,
+            _storage: storage,
             plugins,
             process: None,
         })

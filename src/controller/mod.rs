@@ -8,7 +8,6 @@
 pub mod bookkeeping;
 pub mod cache;
 pub mod claims;
-mod cleanup;
 pub mod convert;
 pub mod decide;
 pub mod events;

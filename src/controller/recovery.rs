@@ -316,7 +316,8 @@ async fn delete_recorded(
         keep(handle, key, intent, "the guest's deletion guard keeps it");
         return Ok(true);
     }
-    let deleted = super::cleanup::delete_storage(&guest, &storage.volume, storage.class.as_ref());
+    let deleted =
+        super::claims::endings::delete_storage(&guest, &storage.volume, storage.class.as_ref());
     match handle.guest(deleted).await? {
         Ok(()) => {
             tracing::info!(pv = %intent.pv(), guest = guest.name(), "deleted recorded storage (intent log)");
@@ -422,6 +423,9 @@ pub fn storage_record(pv: &PersistentVolume, ctx: &Context) -> Storage {
 mod tests {
     use super::*;
 
+    /// What a table row says: the case, the entry, the facts, and what the plan must be.
+    type Case = (&'static str, Intent, EntryFacts, fn(&EntryPlan) -> bool);
+
     fn volume_entry(deleted: bool) -> Intent {
         let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "pvc-a", "uid": "pv-uid", "resourceVersion": "5"},
@@ -467,7 +471,7 @@ mod tests {
             storage_named_elsewhere: true,
             ..EntryFacts::default()
         };
-        let cases: Vec<(&str, Intent, EntryFacts, fn(&EntryPlan) -> bool)> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "ahead, PV gone (Retain then deleted by an admin)",
                 volume_entry(false),
@@ -565,7 +569,7 @@ mod tests {
             storage_named_elsewhere: true,
             ..EntryFacts::default()
         };
-        let cases: Vec<(&str, Intent, EntryFacts, fn(&EntryPlan) -> bool)> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "claim alive: the claim path's",
                 claim_entry(true),

@@ -7,7 +7,9 @@
 //! the PV create, ends with exactly one PV or no storage, and no claim is left stuck.
 //!
 //! What to do is decided once by [`plan::plan_claim`]; the guest's refusals are mapped by
-//! [`plan::react`]; this module executes, every write through the reconcile's [`Handle`].
+//! [`plan::react`]; this module executes, every write through the reconcile's [`Handle`]. Its
+//! parts: `error` (why a reconcile did not finish), `request` (what a guest is handed),
+//! `intents` (the claim's intent-log entry), `endings` (saving the PV, or the storage's cleanup).
 
 use std::sync::Arc;
 
@@ -19,112 +21,26 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::info_span;
 
-use super::bookkeeping::{Done, Failure, Operation, Tracked, busy_wait};
-use super::cleanup;
+use super::bookkeeping::{Done, Operation, Tracked, busy_wait};
 use super::decide::{self, FINALIZER_CLAIM, Serving};
 use super::events;
 use super::failures::fingerprint;
-use super::gate::{GateError, LockKey};
+use super::gate::LockKey;
 use super::handle::Handle;
-use super::intent::{Intent, IntentError, Storage};
 use super::node::{ClaimOwner, Pin};
 use super::plan::{self, ClaimFacts, ClaimPlan, DeletedOwner, Reaction};
 use super::{Context, IntentRecord};
-use crate::controller::convert::{self, ConvertError, PvIdentity};
-use crate::wasm::bindings::types::{ProvisionError, ProvisionRequest};
+use crate::controller::convert::{self, PvIdentity};
+use crate::wasm::bindings::types::ProvisionError;
 use crate::wasm::{Availability, CallError, Guest, Plugins};
 
-/// Why a claim reconcile did not finish.
-#[derive(Debug, thiserror::Error)]
-pub enum ClaimError {
-    /// The claim's class is not in the cache (yet).
-    #[error("storageclass.storage.k8s.io {0:?} not found")]
-    ClassNotFound(String),
-    /// The guest failed for good (final error, fault or a refused volume).
-    #[error(transparent)]
-    Guest(CallError),
-    /// The guest asked to be retried.
-    #[error("{0}")]
-    Transient(String),
-    /// The guest is still working in the background.
-    #[error("provisioning in background: {0}")]
-    InBackground(String),
-    /// The PV could not be created; its storage was deleted again.
-    #[error("creating PV {pv}: {source}")]
-    CreatePv {
-        /// The PV name.
-        pv: String,
-        /// The last API error.
-        #[source]
-        source: kube::Error,
-    },
-    /// The PV could not be created and its storage could not be deleted either.
-    #[error("cleaning up storage of PV {pv} failed: {source}")]
-    Cleanup {
-        /// The PV name.
-        pv: String,
-        /// The guest's error.
-        #[source]
-        source: CallError,
-    },
-    /// The claim cannot be expressed in the contract.
-    #[error("the claim cannot be provisioned as written: {0}")]
-    Convert(#[from] ConvertError),
-    /// An API request failed.
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    /// The whole operation ran past `--provision-timeout`.
-    #[error("provisioning did not finish within {0:?}")]
-    Timeout(std::time::Duration),
-    /// The claim has no UID (never from a real API server).
-    #[error("claim has no uid")]
-    NoUid,
-    /// This replica may not write now (not the leader, or another replica holds the claim).
-    #[error(transparent)]
-    Gate(#[from] GateError),
-    /// The intent could not be recorded, so the guest was not called.
-    #[error(transparent)]
-    Intent(#[from] IntentError),
-}
+pub(super) mod endings;
+mod error;
+mod intents;
+mod request;
 
-impl Failure for ClaimError {
-    fn gate(&self) -> Option<&GateError> {
-        match self {
-            ClaimError::Gate(gate) => Some(gate),
-            _ => None,
-        }
-    }
-
-    fn counts(&self) -> bool {
-        !matches!(
-            self,
-            ClaimError::Transient(_) | ClaimError::InBackground(_) | ClaimError::Gate(_)
-        )
-    }
-
-    fn label(&self) -> &'static str {
-        match self {
-            ClaimError::ClassNotFound(_) => "class-not-found",
-            ClaimError::Guest(CallError::Fault { kind, .. }) => kind.as_str(),
-            ClaimError::Guest(CallError::Rejected { .. }) => "rejected",
-            ClaimError::Guest(CallError::Guest { .. }) => "final",
-            ClaimError::Transient(_) => "transient",
-            ClaimError::InBackground(_) => "in-background",
-            ClaimError::CreatePv { .. } => "create-pv",
-            ClaimError::Cleanup { .. } => "cleanup",
-            ClaimError::Convert(_) => "invalid-claim",
-            ClaimError::Kube(_) => "api",
-            ClaimError::Timeout(_) => "timeout",
-            ClaimError::NoUid => "invalid-claim",
-            ClaimError::Gate(_) => "not-leader",
-            ClaimError::Intent(_) => "intent",
-        }
-    }
-
-    fn timed_out(after: std::time::Duration) -> Self {
-        ClaimError::Timeout(after)
-    }
-}
+pub use error::ClaimError;
+pub(crate) use request::{provision_request, warn_claim};
 
 /// The data-source kind of a claim, the library's `source` metric label ("" without one).
 fn source_kind(pvc: &PersistentVolumeClaim) -> String {
@@ -208,7 +124,7 @@ pub async fn reconcile(
         .track(&handle, &tracked, span.clone(), provision(&handle, &pvc))
         .await;
     if let Some(log) = &ctx.intents {
-        settle_entry(log, &tracked.key, &result);
+        intents::settle_entry(log, &tracked.key, &result);
     }
     if given_up {
         // No more attempts, so no more storage: the finalizer must not keep the claim forever.
@@ -218,24 +134,6 @@ pub async fn reconcile(
         }
     }
     result
-}
-
-/// After an attempt: an entry whose guest built nothing and holds nothing in flight leaves the
-/// log (a claim that waits or fails is not kept there: it is recorded again when its turn
-/// comes); one that may stand for storage stays, recovery's from now on.
-fn settle_entry(log: &super::intent::IntentLog, key: &str, result: &Result<Action, ClaimError>) {
-    let may_hold_storage = match result {
-        Ok(_) => true,
-        Err(ClaimError::InBackground(_) | ClaimError::Timeout(_)) => true,
-        Err(ClaimError::Guest(CallError::Fault { .. })) => true,
-        Err(_) => false,
-    };
-    let built = matches!(log.get(key), Some(Intent::Claim(entry)) if entry.built.is_some());
-    if may_hold_storage || built {
-        log.attempt_over(key);
-    } else {
-        log.done(key);
-    }
 }
 
 /// Requeue policy: the shared one (see [`super::bookkeeping::Book::requeue`]).
@@ -321,7 +219,7 @@ async fn provision(handle: &Handle<'_>, pvc: &PersistentVolumeClaim) -> Result<D
             Ok(Done::Nothing)
         }
         ClaimPlan::ReleaseIfPvExists => {
-            cleanup::release_if_pv_exists(handle, pvc).await?;
+            endings::release_if_pv_exists(handle, pvc).await?;
             Ok(Done::Nothing)
         }
         ClaimPlan::WaitForGuest(provisioner) => {
@@ -344,9 +242,9 @@ async fn provision(handle: &Handle<'_>, pvc: &PersistentVolumeClaim) -> Result<D
             warn_claim(handle, pvc, events::PROVISIONING_FAILED, error.to_string());
             Err(error)
         }
-        ClaimPlan::FinishDeleted(_) => cleanup::finish_deleted_claim(handle, pvc).await,
+        ClaimPlan::FinishDeleted(_) => endings::finish_deleted_claim(handle, pvc).await,
         ClaimPlan::FinishDeletedNodeGone(node) => {
-            cleanup::finish_deleted_claim_of_gone_node(handle, pvc, &node).await
+            endings::finish_deleted_claim_of_gone_node(handle, pvc, &node).await
         }
         ClaimPlan::Compete => pick_this_node(handle, pvc).await,
         ClaimPlan::Busy(reason) => {
@@ -379,7 +277,7 @@ async fn call_guest(
     if handle.gate().await? {
         // Just took this claim's lease: another replica may have created its PV a moment ago.
         if handle.get_pv(&pv_name).await?.is_some() {
-            cleanup::release_if_pv_exists(handle, pvc).await?;
+            endings::release_if_pv_exists(handle, pvc).await?;
             return Ok(Done::Nothing);
         }
     }
@@ -443,12 +341,16 @@ async fn call_guest(
         (IntentRecord::Log, Some(log)) => {
             let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
             handle.gate().await?;
-            let ahead = intents_ahead(handle, &ctx.plugins(), uid, log);
-            log.record(uid, &claim_entry(&class.provisioner, &pv_name, pvc), ahead)
-                .await
-                .inspect_err(|error| {
-                    warn_claim(handle, pvc, events::PROVISIONING_FAILED, error.to_string())
-                })?;
+            let ahead = intents::intents_ahead(handle, &ctx.plugins(), uid, log);
+            log.record(
+                uid,
+                &intents::claim_entry(&class.provisioner, &pv_name, pvc),
+                ahead,
+            )
+            .await
+            .inspect_err(|error| {
+                warn_claim(handle, pvc, events::PROVISIONING_FAILED, error.to_string())
+            })?;
             pvc.clone()
         }
         (IntentRecord::Log | IntentRecord::Off, _) => pvc.clone(),
@@ -489,7 +391,7 @@ async fn call_guest(
         },
         &built,
     );
-    record_built(ctx, &pvc, &pv, class);
+    intents::record_built(ctx, &pvc, &pv, class);
 
     // The claim may have been deleted while the guest worked: then the storage goes, no PV.
     // The cache is enough: our finalizer keeps the claim, so deletion shows as a timestamp
@@ -502,92 +404,10 @@ async fn call_guest(
         .as_ref()
         .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
     {
-        return cleanup::abandon_deleted_while_provisioning(handle, guest, &pv, class, cached)
+        return endings::abandon_deleted_while_provisioning(handle, guest, &pv, class, cached)
             .await;
     }
-    cleanup::save_pv(handle, guest, &pvc, &pv, class).await
-}
-
-/// The log entry of a claim handed to its guest: names only.
-fn claim_entry(provisioner: &str, pv: &str, pvc: &PersistentVolumeClaim) -> Intent {
-    Intent::claim(
-        provisioner,
-        pv,
-        pvc.metadata.namespace.as_deref().unwrap_or_default(),
-        pvc.metadata.name.as_deref().unwrap_or_default(),
-    )
-}
-
-/// The guest returned: its entry now says what it built, the only storage recovery may delete
-/// for this claim should it be gone before its PV exists. The write rides on the next batch
-/// (most PVs exist before it, and the entry leaves unwritten); one too large to record leaves
-/// the PV create as the only record.
-fn record_built(
-    ctx: &Context,
-    pvc: &PersistentVolumeClaim,
-    pv: &k8s_openapi::api::core::v1::PersistentVolume,
-    class: &StorageClass,
-) {
-    let (Some(log), Some(uid)) = (&ctx.intents, pvc.metadata.uid.as_deref()) else {
-        return;
-    };
-    let Some(Intent::Claim(mut entry)) = log.get(uid) else {
-        return;
-    };
-    entry.built = Some(Storage::of(pv, Some(class)));
-    if let Err(error) = log.update(uid, &Intent::Claim(entry)) {
-        tracing::warn!(%error, "what the guest built is not recorded; its PV is the record");
-    }
-}
-
-/// Claims recorded ahead per intent write at most.
-const AHEAD: usize = 64;
-
-/// Intents for the claims that will be provisioned next (ready as the plan sees them, not yet in
-/// the log): one intent write then covers a whole queue of claims instead of one. An intent for a
-/// claim that is then never provisioned is harmless: it is dropped once the claim is settled, and
-/// if the claim goes first, recovery asks its guest for (and deletes) whatever storage exists.
-fn intents_ahead(
-    handle: &Handle<'_>,
-    plugins: &Plugins,
-    current: &str,
-    log: &super::intent::IntentLog,
-) -> Vec<(String, Intent)> {
-    let ctx = handle.ctx();
-    let mut ahead = Vec::new();
-    for pvc in ctx.claims.state().iter() {
-        if ahead.len() >= AHEAD {
-            break;
-        }
-        let Some(uid) = pvc.metadata.uid.as_deref() else {
-            continue;
-        };
-        if uid == current || log.holds(uid) {
-            continue;
-        }
-        let class = decide::claim_class(pvc).and_then(|name| ctx.class(name));
-        let facts = Facts {
-            handle,
-            pvc,
-            plugins,
-            class: class.clone(),
-        };
-        let ClaimPlan::Provision { provisioner, .. } = plan::plan_claim(pvc, &facts) else {
-            continue;
-        };
-        let (Some(class), Some(pv)) = (class, decide::pv_name(pvc)) else {
-            continue;
-        };
-        // Given up or backing off after a failure: recorded when its turn comes, not ahead.
-        if ctx.claim_book.is_given_up(uid, claim_fingerprint(pvc, ctx))
-            || ctx.claim_book.is_retrying(uid)
-        {
-            continue;
-        }
-        let _ = class;
-        ahead.push((uid.to_string(), claim_entry(provisioner, &pv, pvc)));
-    }
-    ahead
+    endings::save_pv(handle, guest, &pvc, &pv, class).await
 }
 
 /// Executes the reaction to a guest's typed refusal.
@@ -708,22 +528,6 @@ pub(crate) fn serving(plugins: &Plugins, provisioner: &str) -> Serving {
     }
 }
 
-/// The guest's request for a claim.
-pub(crate) fn provision_request(
-    pvc: &PersistentVolumeClaim,
-    class: &StorageClass,
-    guest: &Guest,
-    pv_name: &str,
-) -> Result<ProvisionRequest, ClaimError> {
-    Ok(ProvisionRequest {
-        pv_name: pv_name.to_string(),
-        claim: convert::claim(pvc)?,
-        storage_class: convert::storage_class(class),
-        selected_node: decide::selected_node(pvc).map(str::to_string),
-        config: guest.grants().config_json.clone(),
-    })
-}
-
 fn finalizers_without(pvc: &PersistentVolumeClaim) -> Vec<String> {
     pvc.metadata
         .finalizers
@@ -732,14 +536,4 @@ fn finalizers_without(pvc: &PersistentVolumeClaim) -> Vec<String> {
         .filter(|f| *f != FINALIZER_CLAIM)
         .cloned()
         .collect()
-}
-
-/// A warning event on a claim.
-pub(crate) fn warn_claim(
-    handle: &Handle<'_>,
-    pvc: &PersistentVolumeClaim,
-    reason: &str,
-    note: String,
-) {
-    handle.event(&pvc.object_ref(&()), true, reason, "Provision", note);
 }

@@ -7,13 +7,13 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::{Api, Resource, ResourceExt};
 
-use super::bookkeeping::Done;
-use super::claims::{ClaimError, provision_request, warn_claim};
-use super::decide;
-use super::events;
-use super::gate::GateError;
-use super::handle::Handle;
+use super::{ClaimError, provision_request, warn_claim};
+use crate::controller::bookkeeping::Done;
 use crate::controller::convert::{self, PvIdentity};
+use crate::controller::decide;
+use crate::controller::events;
+use crate::controller::gate::GateError;
+use crate::controller::handle::Handle;
 use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
 use crate::wasm::{CallError, Guest};
 
@@ -195,7 +195,7 @@ pub(super) async fn finish_deleted_claim(
             );
             // The claim still exists (our finalizer holds it), so no namesake can; but a PV
             // left from an earlier claim may name the same storage: that one is not ours.
-            if let Some(other) = super::recovery::other_volume_naming(ctx, &pv) {
+            if let Some(other) = crate::controller::recovery::other_volume_naming(ctx, &pv) {
                 handle.event(
                     &pvc.object_ref(&()),
                     true,
@@ -305,7 +305,7 @@ fn delete_request(
 }
 
 /// Deletes the storage a guest described; a guest that ignores it holds none.
-pub(super) async fn delete_storage(
+pub(in crate::controller) async fn delete_storage(
     guest: &Guest,
     pv: &PersistentVolume,
     class: Option<&StorageClass>,

@@ -1,0 +1,115 @@
+//! The claim side of the intent log: the entry recorded before a guest call (names only), what
+//! the guest built once it returned, the queue recorded ahead, and the entry's fate after an
+//! attempt.
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::runtime::controller::Action;
+
+use super::{ClaimError, Facts, claim_fingerprint};
+use crate::controller::Context;
+use crate::controller::decide;
+use crate::controller::handle::Handle;
+use crate::controller::intent::{Intent, IntentLog, Storage};
+use crate::controller::plan::{self, ClaimPlan};
+use crate::wasm::{CallError, Plugins};
+
+/// After an attempt: an entry whose guest built nothing and holds nothing in flight leaves the
+/// log (a claim that waits or fails is not kept there: it is recorded again when its turn
+/// comes); one that may stand for storage stays, recovery's from now on.
+pub(super) fn settle_entry(log: &IntentLog, key: &str, result: &Result<Action, ClaimError>) {
+    let may_hold_storage = match result {
+        Ok(_) => true,
+        Err(ClaimError::InBackground(_) | ClaimError::Timeout(_)) => true,
+        Err(ClaimError::Guest(CallError::Fault { .. })) => true,
+        Err(_) => false,
+    };
+    let built = matches!(log.get(key), Some(Intent::Claim(entry)) if entry.built.is_some());
+    if may_hold_storage || built {
+        log.attempt_over(key);
+    } else {
+        log.done(key);
+    }
+}
+
+/// The log entry of a claim handed to its guest: names only.
+pub(super) fn claim_entry(provisioner: &str, pv: &str, pvc: &PersistentVolumeClaim) -> Intent {
+    Intent::claim(
+        provisioner,
+        pv,
+        pvc.metadata.namespace.as_deref().unwrap_or_default(),
+        pvc.metadata.name.as_deref().unwrap_or_default(),
+    )
+}
+
+/// The guest returned: its entry now says what it built, the only storage recovery may delete
+/// for this claim should it be gone before its PV exists. The write rides on the next batch
+/// (most PVs exist before it, and the entry leaves unwritten); one too large to record leaves
+/// the PV create as the only record.
+pub(super) fn record_built(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    pv: &k8s_openapi::api::core::v1::PersistentVolume,
+    class: &StorageClass,
+) {
+    let (Some(log), Some(uid)) = (&ctx.intents, pvc.metadata.uid.as_deref()) else {
+        return;
+    };
+    let Some(Intent::Claim(mut entry)) = log.get(uid) else {
+        return;
+    };
+    entry.built = Some(Storage::of(pv, Some(class)));
+    if let Err(error) = log.update(uid, &Intent::Claim(entry)) {
+        tracing::warn!(%error, "what the guest built is not recorded; its PV is the record");
+    }
+}
+
+/// Claims recorded ahead per intent write at most.
+const AHEAD: usize = 64;
+
+/// Intents for the claims that will be provisioned next (ready as the plan sees them, not yet in
+/// the log): one intent write then covers a whole queue of claims instead of one. An intent for a
+/// claim that is then never provisioned is harmless: it is dropped once the claim is settled, and
+/// if the claim goes first, recovery asks its guest for (and deletes) whatever storage exists.
+pub(super) fn intents_ahead(
+    handle: &Handle<'_>,
+    plugins: &Plugins,
+    current: &str,
+    log: &IntentLog,
+) -> Vec<(String, Intent)> {
+    let ctx = handle.ctx();
+    let mut ahead = Vec::new();
+    for pvc in ctx.claims.state().iter() {
+        if ahead.len() >= AHEAD {
+            break;
+        }
+        let Some(uid) = pvc.metadata.uid.as_deref() else {
+            continue;
+        };
+        if uid == current || log.holds(uid) {
+            continue;
+        }
+        let class = decide::claim_class(pvc).and_then(|name| ctx.class(name));
+        let facts = Facts {
+            handle,
+            pvc,
+            plugins,
+            class: class.clone(),
+        };
+        let ClaimPlan::Provision { provisioner, .. } = plan::plan_claim(pvc, &facts) else {
+            continue;
+        };
+        let (Some(class), Some(pv)) = (class, decide::pv_name(pvc)) else {
+            continue;
+        };
+        // Given up or backing off after a failure: recorded when its turn comes, not ahead.
+        if ctx.claim_book.is_given_up(uid, claim_fingerprint(pvc, ctx))
+            || ctx.claim_book.is_retrying(uid)
+        {
+            continue;
+        }
+        let _ = class;
+        ahead.push((uid.to_string(), claim_entry(provisioner, &pv, pvc)));
+    }
+    ahead
+}
