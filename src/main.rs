@@ -25,6 +25,11 @@ async fn main() -> std::process::ExitCode {
             offline::delete(&args.plugins, &args.volume, args.class.as_deref()).await
         }
         Command::ReleaseFinalizers(args) => release(args).await,
+        Command::CompileGuest {
+            memory_mib,
+            cpu_seconds,
+        } => wasm_provisioner::wasm::compiler::run_child(memory_mib, cpu_seconds)
+            .map(|()| String::new()),
     };
     match result {
         Ok(output) => {

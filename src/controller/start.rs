@@ -77,9 +77,12 @@ pub async fn run_watching(
     let whole = settings.cache_whole_objects;
     let finalizer_mode = settings.add_pv_finalizer;
     let (volumes, volume_writer) = reflector::store::<CachedVolume>();
-    let volume_watch = cached_watch(pv_api, volume_writer, move |pv| {
-        !whole && cache::volume_settled(pv, finalizer_mode)
-    });
+    let volume_watch = cached_watch(
+        pv_api,
+        volume_writer,
+        move |pv| !whole && cache::volume_settled(pv, finalizer_mode),
+        served_paths,
+    );
     let volume_controller = Controller::for_stream(volume_watch, volumes.clone())
         .with_config(controller_config.clone());
     let volumes_ready = volumes.clone();
@@ -446,6 +449,7 @@ fn cached_watch<K>(
     api: Api<Cached<K>>,
     writer: reflector::store::Writer<Cached<K>>,
     settled: impl Fn(&K) -> bool + Send + 'static,
+    observe: fn(&watcher::Event<Cached<K>>),
 ) -> impl futures::Stream<Item = Result<Cached<K>, watcher::Error>> + Send + 'static
 where
     K: kube::Resource<DynamicType = ()>
@@ -456,14 +460,31 @@ where
         + Sync
         + 'static,
 {
+    use futures::TryStreamExt;
     watcher(api, watcher::Config::default())
         .default_backoff()
+        .inspect_ok(observe)
         .modify(move |cached| {
             cached.settle(&settled);
             slim(cached);
         })
         .reflect(writer)
         .applied_objects()
+}
+
+/// Every PV's node path, whole as the watch delivers it, into the index of served paths that
+/// keeps guests from nesting volumes or moving a served directory (`crate::wasm::served`).
+fn served_paths(event: &watcher::Event<CachedVolume>) {
+    let served = crate::wasm::served::served();
+    match event {
+        watcher::Event::Apply(pv) | watcher::Event::InitApply(pv) => {
+            if let Some(pv) = pv.whole() {
+                served.note(pv);
+            }
+        }
+        watcher::Event::Delete(pv) => served.release(&kube::ResourceExt::name_any(pv)),
+        watcher::Event::Init | watcher::Event::InitDone => {}
+    }
 }
 
 /// The watch behind the claim cache. A settled claim (bound, no finalizer of ours) leaves the
