@@ -11,6 +11,8 @@ mod logs;
 mod resources;
 #[path = "sandbox/roots.rs"]
 mod roots;
+#[path = "sandbox/samples.rs"]
+mod samples;
 #[path = "sandbox/served.rs"]
 mod served;
 
