@@ -7,27 +7,27 @@ use super::*;
 async fn nested_volumes_and_the_prefix_itself_are_refused() {
     let n = NodeAttack::load("");
     let path = |p: &'static str| [("attack", "path"), ("path", p)];
-    let outer = n.request("outer", &path("data"));
+    let outer = n.request("nest-outer", &path("data"));
     let built = n
         .guest
         .provision(&outer)
         .await
         .expect("a first volume at <prefix>/data");
     // The pod of `data` could replace `data/inner` with a link: never served.
-    let message = rejected_message(n.provision("inner", &path("data/inner")).await);
+    let message = rejected_message(n.provision("nest-inner", &path("data/inner")).await);
     println!("nested below: {message}");
     assert!(message.contains("data"), "{message}");
     // The other way round: a volume over an existing one.
-    n.provision("deep", &path("ns/deep/vol"))
+    n.provision("nest-deep", &path("ns/deep/vol"))
         .await
         .expect("a volume two levels down");
-    let message = rejected_message(n.provision("over", &path("ns")).await);
+    let message = rejected_message(n.provision("nest-over", &path("ns")).await);
     println!("nested above: {message}");
     // The prefix itself would let its pod swap every other volume.
-    let message = rejected_message(n.provision("prefix", &path("")).await);
+    let message = rejected_message(n.provision("nest-prefix", &path("")).await);
     println!("the prefix: {message}");
     // The same claim asking again gets its own path again.
-    n.provision("outer", &path("data"))
+    n.provision("nest-outer", &path("data"))
         .await
         .expect("a retry of the same volume");
     // Once deleted, its path may be served again, nested or not.
@@ -37,7 +37,7 @@ async fn nested_volumes_and_the_prefix_itself_are_refused() {
         config: n.guest.grants().config_json.clone(),
     };
     n.guest.delete(&request).await.expect("deleted");
-    n.provision("inner", &path("data/inner"))
+    n.provision("nest-inner", &path("data/inner"))
         .await
         .expect("no longer nested in a live volume");
 }
@@ -46,11 +46,11 @@ async fn nested_volumes_and_the_prefix_itself_are_refused() {
 async fn renaming_directories_cannot_turn_a_served_path_into_a_link() {
     let n = NodeAttack::load("");
     let served = n.dir().join("ns/pvc-a");
-    n.provision("a", &[("attack", "path"), ("path", "ns/pvc-a")])
+    n.provision("rename-a", &[("attack", "path"), ("path", "ns/pvc-a")])
         .await
         .expect("a two-level served path");
     // A tenant's pod fills its own volume: x/pvc-a -> /etc.
-    n.provision("b", &[("attack", "path"), ("path", "pvc-b")])
+    n.provision("rename-b", &[("attack", "path"), ("path", "pvc-b")])
         .await
         .expect("the tenant's volume");
     std::fs::create_dir(n.dir().join("pvc-b/x")).unwrap();
