@@ -16,6 +16,7 @@ pub mod nodepath;
 pub mod output;
 pub mod plugins;
 pub mod reload;
+pub mod rename;
 pub mod runtime;
 pub mod sandbox_fs;
 pub mod served;
