@@ -90,6 +90,7 @@ fn main() {
             pooling,
             module_cache: None,
             executor,
+            compiler: None,
         })
         .expect("engine");
         let loaded = load_dir(&engine, plugins.path()).unwrap();

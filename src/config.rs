@@ -58,6 +58,17 @@ pub enum Command {
     /// Take one PV's storage out of the intent logs (a delete that keeps failing or was given
     /// up): no replica deletes it any more; the storage is left as it is.
     ForgetStorage(ForgetArgs),
+    /// Internal: compile the component on stdin under limits, the artifact to stdout (`run`
+    /// compiles every guest this way, in a child process).
+    #[command(hide = true)]
+    CompileGuest {
+        /// Address space limit, MiB.
+        #[arg(long)]
+        memory_mib: u64,
+        /// CPU time limit, seconds.
+        #[arg(long)]
+        cpu_seconds: u64,
+    },
 }
 
 /// `wasm-provisioner forget-storage`.
@@ -220,6 +231,10 @@ pub struct RunArgs {
     /// guest spinning until its deadline then never delays watches, reconciles or lease renewals.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i32).range(0..=19))]
     pub guest_nice: i32,
+    /// Address space of the child process each guest is compiled in, MiB (it is killed past
+    /// it, or past 60 CPU seconds, and the guest refused; docs/threat-model.md).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(64..))]
+    pub compile_memory_mib: u64,
     /// Full rescan of the plugins directory this often, on top of file-change events.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub plugins_rescan_interval: Duration,
@@ -406,6 +421,14 @@ impl RunArgs {
                 ),
                 nice: self.guest_nice,
             }),
+            // Untrusted code is compiled in a child process under limits; without a path to
+            // this binary (never on Linux), in this process.
+            compiler: crate::wasm::compiler::CompileLimits::for_this_binary()
+                .ok()
+                .map(|limits| crate::wasm::compiler::CompileLimits {
+                    memory_mib: self.compile_memory_mib,
+                    ..limits
+                }),
         }
     }
 

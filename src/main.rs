@@ -26,6 +26,11 @@ async fn main() -> std::process::ExitCode {
         }
         Command::ReleaseFinalizers(args) => release(args).await,
         Command::ForgetStorage(args) => forget(args).await,
+        Command::CompileGuest {
+            memory_mib,
+            cpu_seconds,
+        } => wasm_provisioner::wasm::compiler::run_child(memory_mib, cpu_seconds)
+            .map(|()| String::new()),
     };
     match result {
         Ok(output) => {

@@ -82,6 +82,7 @@ pub async fn run_watching(
         volume_writer,
         move |pv| !whole && cache::volume_settled(pv, finalizer_mode),
         cache::storage_of,
+        served_paths,
     );
     let volume_controller = Controller::for_stream(volume_watch, volumes.clone())
         .with_config(controller_config.clone());
@@ -469,6 +470,7 @@ fn cached_watch<K>(
     writer: reflector::store::Writer<Cached<K>>,
     settled: impl Fn(&K) -> bool + Send + 'static,
     storage: impl Fn(&K) -> Option<u64> + Send + 'static,
+    observe: fn(&watcher::Event<Cached<K>>),
 ) -> impl futures::Stream<Item = Result<Cached<K>, watcher::Error>> + Send + 'static
 where
     K: kube::Resource<DynamicType = ()>
@@ -479,14 +481,31 @@ where
         + Sync
         + 'static,
 {
+    use futures::TryStreamExt;
     watcher(api, watcher::Config::default())
         .default_backoff()
+        .inspect_ok(observe)
         .modify(move |cached| {
             cached.settle(&settled, &storage);
             slim(cached);
         })
         .reflect(writer)
         .applied_objects()
+}
+
+/// Every PV's node path, whole as the watch delivers it, into the index of served paths that
+/// keeps guests from nesting volumes or moving a served directory (`crate::wasm::served`).
+fn served_paths(event: &watcher::Event<CachedVolume>) {
+    let served = crate::wasm::served::served();
+    match event {
+        watcher::Event::Apply(pv) | watcher::Event::InitApply(pv) => {
+            if let Some(pv) = pv.whole() {
+                served.note(pv);
+            }
+        }
+        watcher::Event::Delete(pv) => served.release(&kube::ResourceExt::name_any(pv)),
+        watcher::Event::Init | watcher::Event::InitDone => {}
+    }
 }
 
 /// The watch behind the claim cache. A settled claim (bound, no finalizer of ours) leaves the

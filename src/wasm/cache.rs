@@ -183,16 +183,20 @@ impl ModuleCache {
 /// Turns a cache entry back into a component.
 #[expect(
     unsafe_code,
-    reason = "Component::deserialize maps the bytes as native code; they are this process's own \
-              compiler output from an operator-owned directory, checked by SHA-256 first"
+    reason = "Component::deserialize maps the bytes as native code; they are this binary's own \
+              compiler output: from an operator-owned directory checked by SHA-256 first, or \
+              straight from its own compile-guest child"
 )]
-fn deserialize(engine: &Engine, artifact: &[u8]) -> wasmtime::Result<Component> {
+pub(super) fn deserialize(engine: &Engine, artifact: &[u8]) -> wasmtime::Result<Component> {
     // SAFETY: `Component::deserialize` trusts its input to be wasmtime's own output, since
     // it maps it as native code. These bytes are: the cache directory is operator-owned and
     // refused when it overlaps the plugins directory (`check_separate_from`), entries are
     // written only by `put` from a component this process compiled, and the caller checked
     // the SHA-256 stored in front of the artifact, so a truncated or corrupted entry never gets
-    // here. wasmtime itself refuses artifacts of another version or configuration with an error.
+    // here. Or they come from the pipe of this binary's own `compile-guest` child
+    // (`super::compiler`), which compiles exactly as this process would, only under limits
+    // (the same trust as compiling here). wasmtime itself refuses artifacts of another version
+    // or configuration with an error.
     unsafe { Component::deserialize(engine, artifact) }
 }
 

@@ -1,9 +1,9 @@
 //! The wasm engine: one wasmtime `Engine` and `Linker` for all guests, the epoch ticker that
 //! drives deadlines, the instance pool, and compiling and linking a guest once per module.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -13,6 +13,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use super::bindings::{ProvisionerFull, block_support, deletion_guard, lifecycle, qualifier};
 use super::cache::ModuleCache;
+use super::compiler::{CompileLimits, MAX_MODULE_BYTES, compile_in_child};
 use super::contract::{ContractInfo, Hook};
 use super::errors::LoadError;
 use super::executor::{ExecutorOptions, GuestExecutor};
@@ -26,6 +27,26 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Concurrent instances the pooling allocator is sized for (all guests together); calls beyond
 /// it wait for a slot rather than fail to instantiate.
 pub const POOL_INSTANCES: u32 = 128;
+
+/// Core instances, and tables, in the pool: [`POOL_INSTANCES`] calls at the default grant's
+/// cap each (slots are address space until used).
+pub const POOL_CORE_INSTANCES: u32 = POOL_INSTANCES * super::grants::DEFAULT_INSTANCES as u32;
+/// Linear memories in the pool: [`POOL_INSTANCES`] calls of 2 each.
+pub const POOL_MEMORIES: u32 = POOL_INSTANCES * 2;
+
+/// The units of the pool one call of a guest holds: every call takes one component instance
+/// and at most `instances` core instances, `instances` tables and `memories` memories (its
+/// limiter's caps). A unit stands for one core instance and one table, an eighth of a component
+/// instance and a quarter of a memory, so calls holding at most [`POOL_CORE_INSTANCES`] units
+/// together can never exhaust any part of the pool, whatever their grants say.
+pub fn pool_units(instances: usize, memories: usize) -> u32 {
+    let per_call = (POOL_CORE_INSTANCES / POOL_INSTANCES) as usize;
+    let per_memory = (POOL_CORE_INSTANCES / POOL_MEMORIES) as usize;
+    let units = instances
+        .max(per_call)
+        .max(memories.saturating_mul(per_memory));
+    units.min(POOL_CORE_INSTANCES as usize) as u32
+}
 
 /// Whether instances come from a preallocated pool (fast, bounded) or are allocated per call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -49,6 +70,9 @@ pub struct EngineOptions {
     /// Threads of their own (at a lower priority) for guest code; none runs calls on the
     /// caller's runtime.
     pub executor: Option<ExecutorOptions>,
+    /// Compile guests in a child process under these limits ([`super::compiler`]); none
+    /// compiles in this process.
+    pub compiler: Option<CompileLimits>,
 }
 
 /// One engine and linker for all guests, with the epoch ticker that drives deadlines.
@@ -57,10 +81,25 @@ pub struct WasmEngine {
     engine: Engine,
     linker: Arc<Linker<GuestState>>,
     metrics: Option<Metrics>,
-    /// Instance slots when pooling: every call holds one, so the pool is never exhausted.
+    /// The pool's units when pooling ([`pool_units`]): every call holds its share, so the pool
+    /// is never exhausted.
     pool_slots: Option<Arc<Semaphore>>,
     cache: Option<Arc<ModuleCache>>,
     executor: Option<GuestExecutor>,
+    compiler: Option<CompileLimits>,
+    /// Modules that failed to compile, by SHA-256, with why: not compiled again until they
+    /// change (a hot-reload rescan would otherwise compile a refused bomb every time).
+    refused: Arc<Mutex<HashMap<String, String>>>,
+}
+
+/// Refused modules remembered at most (a directory full of distinct bad files cannot grow the
+/// memo without bound; one is forgotten for each new one, and compiled again if it comes back).
+const REFUSED_REMEMBERED: usize = 256;
+
+/// Compiles component `bytes` as [`WasmEngine`]'s engine would, to wasmtime's artifact (the
+/// `compile-guest` child's work).
+pub fn precompile(bytes: &[u8]) -> wasmtime::Result<Vec<u8>> {
+    Engine::new(&base_config())?.precompile_component(bytes)
 }
 
 fn base_config() -> Config {
@@ -85,9 +124,9 @@ pub const POOL_KEEP_RESIDENT: usize = 256 << 10;
 fn pooling_config() -> Config {
     let mut pool = PoolingAllocationConfig::new();
     pool.total_component_instances(POOL_INSTANCES)
-        .total_core_instances(POOL_INSTANCES * 8)
-        .total_memories(POOL_INSTANCES * 2)
-        .total_tables(POOL_INSTANCES * 8)
+        .total_core_instances(POOL_CORE_INSTANCES)
+        .total_memories(POOL_MEMORIES)
+        .total_tables(POOL_CORE_INSTANCES)
         .total_stacks(POOL_INSTANCES)
         .max_memory_size(4 << 30)
         .table_elements(super::grants::DEFAULT_TABLE_ELEMENTS)
@@ -154,9 +193,11 @@ impl WasmEngine {
             engine,
             linker: Arc::new(linker),
             metrics: None,
-            pool_slots: pooled.then(|| Arc::new(Semaphore::new(POOL_INSTANCES as usize))),
+            pool_slots: pooled.then(|| Arc::new(Semaphore::new(POOL_CORE_INSTANCES as usize))),
             cache,
             executor,
+            compiler: options.compiler.clone(),
+            refused: Arc::default(),
         })
     }
 
@@ -194,12 +235,28 @@ impl WasmEngine {
         display: &str,
         bytes: &[u8],
     ) -> Result<(Component, String), LoadError> {
+        let refused = |message: String| LoadError::Compile {
+            path: display.to_string(),
+            message,
+        };
+        if bytes.len() > MAX_MODULE_BYTES {
+            return Err(refused(format!(
+                "it is {} bytes, more than the {MAX_MODULE_BYTES} a guest may be",
+                bytes.len()
+            )));
+        }
         if Engine::detect_precompiled(bytes).is_some() {
             return Err(LoadError::Precompiled {
                 path: display.to_string(),
             });
         }
         let sha256 = hex::encode(Sha256::digest(bytes));
+        if let Some(message) = self.refused_before(&sha256) {
+            return Err(LoadError::RefusedBefore {
+                path: display.to_string(),
+                message,
+            });
+        }
         if let Some(component) = self
             .cache
             .as_ref()
@@ -207,14 +264,41 @@ impl WasmEngine {
         {
             return Ok((component, sha256));
         }
-        let component = Component::new(&self.engine, bytes).map_err(|e| LoadError::Compile {
-            path: display.to_string(),
-            message: format!("{e:#}"),
+        let compiled = match &self.compiler {
+            None => Component::new(&self.engine, bytes).map_err(|e| format!("{e:#}")),
+            Some(limits) => compile_in_child(limits, bytes)
+                .map_err(|e| e.to_string())
+                .and_then(|artifact| {
+                    super::cache::deserialize(&self.engine, &artifact).map_err(|e| format!("{e:#}"))
+                }),
+        };
+        let component = compiled.map_err(|message| {
+            let error = refused(message);
+            self.remember_refused(&sha256, &error);
+            error
         })?;
         if let Some(cache) = &self.cache {
             cache.put(&sha256, &component);
         }
         Ok((component, sha256))
+    }
+
+    fn refused_before(&self, sha256: &str) -> Option<String> {
+        let refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        refused.get(sha256).cloned()
+    }
+
+    fn remember_refused(&self, sha256: &str, why: &LoadError) {
+        let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        if refused.len() >= REFUSED_REMEMBERED
+            && let Some(oldest) = refused.keys().next().cloned()
+        {
+            refused.remove(&oldest);
+        }
+        refused.insert(
+            sha256.to_owned(),
+            why.to_string().chars().take(1024).collect(),
+        );
     }
 
     /// Compiles, checks the contract and links a guest, ready to be called.
@@ -233,6 +317,21 @@ impl WasmEngine {
     ) -> Result<Guest, LoadError> {
         let display = display.to_string();
         let (component, sha256) = self.compile_bytes(&display, bytes)?;
+        // What decides from here on is the bytes alone: a refusal holds until they change.
+        self.link(name, &display, component, &sha256, grants)
+            .inspect_err(|error| self.remember_refused(&sha256, error))
+    }
+
+    /// Checks the contract of a compiled guest and links it.
+    fn link(
+        &self,
+        name: &str,
+        display: &str,
+        component: Component,
+        sha256: &str,
+        grants: Grants,
+    ) -> Result<Guest, LoadError> {
+        let display = display.to_string();
         let contract = ContractInfo::of(&self.engine, &component);
         contract.check().map_err(|source| LoadError::Contract {
             path: display.clone(),
@@ -267,6 +366,7 @@ impl WasmEngine {
             inline_fs,
             name: name.into(),
             pool_slots: self.pool_slots.clone(),
+            pool_units: pool_units(grants.instances, grants.memories),
             semaphore: Arc::new(Semaphore::new(grants.max_concurrency)),
             grants: Arc::new(grants),
             sha256: sha256.into(),
@@ -282,14 +382,55 @@ impl WasmEngine {
     }
 }
 
-fn read_module(path: &Path) -> Result<Vec<u8>, LoadError> {
-    std::fs::read(path).map_err(|source| LoadError::Read {
+/// Reads a module, at most [`MAX_MODULE_BYTES`] and one (so a larger one is refused as such).
+pub fn read_module(path: &Path) -> Result<Vec<u8>, LoadError> {
+    use std::io::Read;
+    let read_err = |source| LoadError::Read {
         path: path.display().to_string(),
         source,
-    })
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| {
+            file.take(MAX_MODULE_BYTES as u64 + 1)
+                .read_to_end(&mut bytes)
+        })
+        .map_err(read_err)?;
+    Ok(bytes)
 }
 
 /// The hooks a guest implements, for display.
 pub fn hook_names(hooks: &BTreeSet<Hook>) -> Vec<&'static str> {
     hooks.iter().map(|h| h.as_str()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_at_their_caps_never_exhaust_the_pool() {
+        for (instances, memories) in [(1, 1), (2, 2), (8, 2), (32, 2), (32, 16), (1000, 16)] {
+            let units = pool_units(instances, memories);
+            let calls = POOL_CORE_INSTANCES / units;
+            assert!(
+                calls <= POOL_INSTANCES,
+                "{instances}/{memories}: component instances"
+            );
+            assert!(
+                calls as usize * instances.min(POOL_CORE_INSTANCES as usize)
+                    <= POOL_CORE_INSTANCES as usize,
+                "{instances}/{memories}: core instances and tables"
+            );
+            assert!(
+                calls as usize * memories <= POOL_MEMORIES as usize,
+                "{instances}/{memories}: memories"
+            );
+            assert!(calls >= 1, "a call always fits");
+        }
+        // The default grant still gets all 128 calls (before, 128 calls of up to 32 core
+        // instances each shared 1,024 slots); a grant raising its caps gets fewer.
+        assert_eq!(POOL_CORE_INSTANCES / pool_units(32, 2), POOL_INSTANCES);
+        assert_eq!(POOL_CORE_INSTANCES / pool_units(1000, 2), 4);
+    }
 }

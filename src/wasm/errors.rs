@@ -4,6 +4,7 @@
 use super::bindings::types::ProvisionError;
 use super::cache::CacheError;
 use super::contract::ContractError;
+use super::output::printable;
 
 /// Why a module could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +47,14 @@ pub enum LoadError {
         /// The module file.
         path: String,
         /// wasmtime's message.
+        message: String,
+    },
+    /// The same bytes were refused before (compile, contract or link); not tried again.
+    #[error("{path} was refused before and has not changed since (not compiled again): {message}")]
+    RefusedBefore {
+        /// The module file.
+        path: String,
+        /// Why it was refused then.
         message: String,
     },
     /// The engine could not be created.
@@ -102,7 +111,7 @@ pub enum CallError {
         error: ProvisionError,
     },
     /// The guest returned a volume that breaks its grants or Kubernetes' rules.
-    #[error("guest {guest} returned a volume the host refused: {message}")]
+    #[error("guest {guest} returned a volume the host refused: {}", printable(.message))]
     Rejected {
         /// The guest's name.
         guest: String,
@@ -110,7 +119,7 @@ pub enum CallError {
         message: String,
     },
     /// The guest trapped, ran out of time or memory.
-    #[error("guest {guest} failed ({}): {message}", .kind.as_str())]
+    #[error("guest {guest} failed ({}): {}", .kind.as_str(), printable(.message))]
     Fault {
         /// The guest's name.
         guest: String,
@@ -123,11 +132,11 @@ pub enum CallError {
 
 pub(super) fn describe_guest_error(error: &ProvisionError) -> String {
     match error {
-        ProvisionError::Final(m) => format!("a final error: {m}"),
-        ProvisionError::Transient(m) => format!("a transient error: {m}"),
-        ProvisionError::Ignored(m) => format!("ignored: {m}"),
-        ProvisionError::Reschedule(m) => format!("reschedule: {m}"),
-        ProvisionError::InBackground(m) => format!("in background: {m}"),
+        ProvisionError::Final(m) => format!("a final error: {}", printable(m)),
+        ProvisionError::Transient(m) => format!("a transient error: {}", printable(m)),
+        ProvisionError::Ignored(m) => format!("ignored: {}", printable(m)),
+        ProvisionError::Reschedule(m) => format!("reschedule: {}", printable(m)),
+        ProvisionError::InBackground(m) => format!("in background: {}", printable(m)),
     }
 }
 

@@ -171,6 +171,12 @@ pub struct VolumeGrants {
     /// Reclaim policies the guest may set (default: delete and retain; never recycle).
     #[serde(default)]
     pub reclaim_policies: Option<BTreeSet<GrantedReclaim>>,
+    /// `false` lets `host-path`/`local` prefixes lie outside every read-write grant directory
+    /// (paths this process cannot see, such as local-path's per-node mapping): their volumes
+    /// then get the text checks only. Logged at load. Default: every such prefix must be
+    /// covered, so every returned path is walked on disk.
+    #[serde(default)]
+    pub on_disk_check: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -399,24 +405,78 @@ impl Grants {
             .is_some_and(|patterns| patterns.iter().any(|p| glob_match(p, handle)))
     }
 
-    /// Refuses grant directories that overlap `protected` ones (the plugins directory, the
+    /// Resolves the grant against this process' filesystem, at load: every `dirs.host` becomes
+    /// its canonical path (it must exist); a `host-path`/`local` prefix must be canonical
+    /// (no link, `.` or `..` in it) and lie in a read-write grant directory, so the on-disk
+    /// check covers every path a guest returns, unless `on-disk-check = false` says otherwise;
+    /// and no directory or prefix may overlap a `protected` one (the plugins directory, the
     /// module cache): a guest writing there could rewrite its own grants or plant native code.
-    pub fn check_protected(&self, protected: &[&Path]) -> Result<(), String> {
-        let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_owned());
+    /// Returns what the load log should say.
+    pub fn resolve(&mut self, protected: &[&Path]) -> Result<Vec<String>, String> {
+        let mut notes = Vec::new();
+        for dir in &mut self.dirs {
+            dir.host = dir
+                .host
+                .canonicalize()
+                .map_err(|e| format!("dirs: {} cannot be resolved: {e}", dir.host.display()))?;
+        }
+        let protected: Vec<PathBuf> = protected.iter().map(|p| resolve_existing(p)).collect();
+        let overlaps = |path: &Path| {
+            protected
+                .iter()
+                .find(|p| path.starts_with(p) || p.starts_with(path))
+        };
         for dir in &self.dirs {
-            let host = canonical(&dir.host);
-            for protected in protected {
-                let protected = canonical(protected);
-                if host.starts_with(&protected) || protected.starts_with(&host) {
-                    return Err(format!(
-                        "dirs: {} overlaps {}, which the host keeps for itself (plugins or module cache)",
-                        dir.host.display(),
-                        protected.display()
-                    ));
-                }
+            if let Some(protected) = overlaps(&dir.host) {
+                return Err(format!(
+                    "dirs: {} overlaps {}, which the host keeps for itself (plugins or module cache)",
+                    dir.host.display(),
+                    protected.display()
+                ));
             }
         }
-        Ok(())
+        let node_paths = [SourceKind::HostPath, SourceKind::Local]
+            .iter()
+            .any(|kind| self.volumes.kinds.contains(kind));
+        let checked = self.volumes.on_disk_check != Some(false);
+        for prefix in &mut self.volumes.path_prefixes {
+            *prefix = prefix.components().collect();
+            if let Some(protected) = overlaps(prefix) {
+                return Err(format!(
+                    "volumes.path-prefixes: {} overlaps {}, which the host keeps for itself (plugins or module cache)",
+                    prefix.display(),
+                    protected.display()
+                ));
+            }
+            if !node_paths {
+                continue;
+            }
+            let covered = self
+                .dirs
+                .iter()
+                .any(|d| d.access == DirAccess::ReadWrite && prefix.starts_with(&d.host));
+            if covered {
+                let resolved = resolve_existing(prefix);
+                if resolved != *prefix {
+                    return Err(format!(
+                        "volumes.path-prefixes: {} resolves to {}; write the resolved path (the kubelet follows the links)",
+                        prefix.display(),
+                        resolved.display()
+                    ));
+                }
+            } else if checked {
+                return Err(format!(
+                    "volumes.path-prefixes: {} lies in no read-write grant directory, so the paths a guest returns there could not be checked on disk; grant the directory, or set `on-disk-check = false` under [volumes] to accept text checks only",
+                    prefix.display()
+                ));
+            } else {
+                notes.push(format!(
+                    "volumes.path-prefixes: {} lies in no grant directory; its volumes get the text checks only (on-disk-check = false)",
+                    prefix.display()
+                ));
+            }
+        }
+        Ok(notes)
     }
 
     /// Whether `path` (absolute, normalised) lies under one of the granted path prefixes.
@@ -447,6 +507,17 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
         }
     }
     rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// `path` with its longest existing ancestor canonicalised and the rest appended as written.
+pub fn resolve_existing(path: &Path) -> PathBuf {
+    for ancestor in path.ancestors() {
+        if let Ok(resolved) = ancestor.canonicalize() {
+            let rest = path.strip_prefix(ancestor).unwrap_or(Path::new(""));
+            return resolved.join(rest);
+        }
+    }
+    path.to_owned()
 }
 
 /// Whether a path has a `..` component.
@@ -618,12 +689,14 @@ reclaim-policies = ["retain"]
             .unwrap()
         };
         let protected = [plugins.as_path(), cache.as_path()];
+        std::fs::create_dir_all(plugins.join("sub")).unwrap();
         for bad in [root.path().to_owned(), plugins.join("sub"), cache.clone()] {
-            let err = grant(&bad).check_protected(&protected).unwrap_err();
+            let err = grant(&bad).resolve(&protected).unwrap_err();
             assert!(err.contains("overlaps"), "{err}");
         }
         let data = root.path().join("data");
-        assert_eq!(grant(&data).check_protected(&protected), Ok(()));
+        std::fs::create_dir_all(&data).unwrap();
+        assert_eq!(grant(&data).resolve(&protected), Ok(vec![]));
     }
 
     #[test]

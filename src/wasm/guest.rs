@@ -14,6 +14,7 @@
 //! [`CallError::Fault`], distinct from the typed errors the guest returns on purpose.
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,6 +49,8 @@ pub struct Guest {
     pub(super) contract: Arc<ContractInfo>,
     pub(super) semaphore: Arc<Semaphore>,
     pub(super) pool_slots: Option<Arc<Semaphore>>,
+    /// Units of the pool each call holds ([`super::engine::pool_units`]).
+    pub(super) pool_units: u32,
     pub(super) pre: InstancePre<GuestState>,
     pub(super) lifecycle: lifecycle::GuestIndices,
     pub(super) qualifier: Option<qualifier::GuestIndices>,
@@ -211,13 +214,17 @@ impl Guest {
                 guest: guest.name.to_string(),
                 error,
             })?;
-            guest.validate(spec, request.selected_node.as_deref()).await
+            guest
+                .validate(spec, &request.pv_name, request.selected_node.as_deref())
+                .await
         })
         .await
     }
 
-    /// Calls `delete`.
+    /// Calls `delete`. The volume's path stops being served first: its storage is going (and
+    /// the guest may archive it by renaming it).
     pub async fn delete(&self, request: &DeleteRequest) -> Result<(), CallError> {
+        super::served::served().release(&request.volume.name);
         let request = request.clone();
         self.dispatch(|guest| async move {
             guest
@@ -289,10 +296,13 @@ impl Guest {
         .await
     }
 
-    /// The checks a returned volume passes before it may become a PV.
+    /// The checks a returned volume passes before it may become a PV: the grants, the
+    /// selected node, no nesting with another live volume (its path is then recorded as
+    /// served, [`super::served`]), and the path on disk.
     async fn validate(
         &self,
         spec: super::spec::VolumeSpecBuilder,
+        pv_name: &str,
         selected_node: Option<&str>,
     ) -> Result<BuiltVolume, CallError> {
         let rejected = |message: String| CallError::Rejected {
@@ -304,15 +314,32 @@ impl Guest {
             .map_err(|e| rejected(super::describe_spec_error(&e)))?;
         super::spec::check_selected_node(&built, selected_node)
             .map_err(|e| rejected(super::describe_spec_error(&e)))?;
+        let Some(path) = super::nodepath::node_path(&built.source) else {
+            return Ok(built);
+        };
+        let granted = self
+            .grants
+            .volumes
+            .path_prefixes
+            .iter()
+            .map(PathBuf::as_path);
+        let granted = granted.chain(self.grants.dirs.iter().map(|d| d.host.as_path()));
+        super::served::served()
+            .reserve(pv_name, Path::new(path), granted)
+            .map_err(|e| rejected(e.to_string()))?;
         // On disk, one component at a time; on the blocking pool unless every grant is local.
         let (grants, source) = (self.grants.clone(), built.source.clone());
-        if self.inline_fs {
-            super::nodepath::check_source(&grants, &source).map_err(|e| rejected(e.to_string()))?;
+        let checked = if self.inline_fs {
+            super::nodepath::check_source(&grants, &source).map_err(|e| rejected(e.to_string()))
         } else {
             tokio::task::spawn_blocking(move || super::nodepath::check_source(&grants, &source))
                 .await
-                .map_err(|e| rejected(format!("the path check did not finish: {e}")))?
-                .map_err(|e| rejected(e.to_string()))?;
+                .map_err(|e| rejected(format!("the path check did not finish: {e}")))
+                .and_then(|checked| checked.map_err(|e| rejected(e.to_string())))
+        };
+        if let Err(error) = checked {
+            super::served::served().release(pv_name);
+            return Err(error);
         }
         Ok(built)
     }
@@ -390,7 +417,7 @@ impl Guest {
             Some(slots) => Some(
                 slots
                     .clone()
-                    .acquire_owned()
+                    .acquire_many_owned(self.pool_units)
                     .await
                     .expect("pool semaphore is never closed"),
             ),
@@ -481,6 +508,7 @@ impl Guest {
         for (stream, pipe) in [("stdout", &output.stdout), ("stderr", &output.stderr)] {
             let contents = pipe.contents();
             for line in contents.text.lines().take(200) {
+                let line = super::output::printable(line);
                 tracing::info!(target: "guest", guest = %self.name, operation, stream, "{line}");
             }
             if contents.dropped > 0 {

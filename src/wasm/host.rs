@@ -14,6 +14,7 @@ use super::bindings::types::{
 };
 use super::bindings::{host, types, volume_builder};
 use super::grants::Grants;
+use super::output::printable;
 use super::sandbox_fs::{FsGuard, SandboxFsView};
 use super::spec::VolumeSpecBuilder;
 
@@ -241,11 +242,13 @@ impl host::Host for GuestState {
             return Ok(());
         }
         self.log_bytes_left -= size;
+        // Guest text never starts a log line of its own (docs/threat-model.md).
         let fields = fields
             .iter()
-            .map(|p| format!("{}={}", p.key, p.value))
+            .map(|p| format!("{}={}", printable(&p.key), printable(&p.value)))
             .collect::<Vec<_>>()
             .join(" ");
+        let message = printable(&message);
         let guest = &*self.guest;
         match level {
             LogLevel::Trace => tracing::trace!(target: "guest", guest, fields, "{message}"),

@@ -2,7 +2,9 @@
 
 pub mod bindings;
 pub mod cache;
+pub mod compiler;
 pub mod contract;
+pub mod dirstream;
 pub mod engine;
 pub mod errors;
 pub mod executor;
@@ -14,8 +16,10 @@ pub mod nodepath;
 pub mod output;
 pub mod plugins;
 pub mod reload;
+pub mod rename;
 pub mod runtime;
 pub mod sandbox_fs;
+pub mod served;
 pub mod spec;
 
 pub use bindings::types::{ProvisionError, SpecError};

@@ -60,12 +60,19 @@ pub fn checkable_root<'g>(grants: &'g Grants, path: &Path) -> Option<&'g Path> {
         .min_by_key(|host| host.components().count())
 }
 
+/// The node path of a `hostPath` or `local` source.
+pub fn node_path(source: &VolumeSource) -> Option<&str> {
+    match source {
+        VolumeSource::HostPath(HostPathSource { path, .. })
+        | VolumeSource::Local(LocalSource { path, .. }) => Some(path),
+        VolumeSource::Nfs(_) | VolumeSource::Csi(_) => None,
+    }
+}
+
 /// Checks the source of a built volume on disk when its path is visible to the controller.
 pub fn check_source(grants: &Grants, source: &VolumeSource) -> Result<(), NodePathError> {
-    let path = match source {
-        VolumeSource::HostPath(HostPathSource { path, .. })
-        | VolumeSource::Local(LocalSource { path, .. }) => Path::new(path),
-        VolumeSource::Nfs(_) | VolumeSource::Csi(_) => return Ok(()),
+    let Some(path) = node_path(source).map(Path::new) else {
+        return Ok(());
     };
     match checkable_root(grants, path) {
         Some(root) => check_beneath(root, path),

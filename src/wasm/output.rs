@@ -140,6 +140,24 @@ impl tokio::io::AsyncWrite for BoundedOutput {
     }
 }
 
+/// Guest text as it may appear in the host's log and events: control characters (newline,
+/// carriage return, escape, ...) escaped (`\n`, `\r`, `\u{1b}`), so a guest can never start a
+/// line of its own or move the cursor, in the text format or the JSON one.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(|c| c.is_control()) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

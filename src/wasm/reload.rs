@@ -210,8 +210,8 @@ impl Loader {
                 return Err(refuse(&grant_path, format!("cannot read: {error}"), true));
             }
         };
-        let bytes = std::fs::read(wasm)
-            .map_err(|error| refuse(wasm, format!("cannot read: {error}"), true))?;
+        let bytes = super::engine::read_module(wasm)
+            .map_err(|error| refuse(wasm, error.to_string(), true))?;
         let (wasm_sha256, grant_sha256) = (sha256(&bytes), sha256(&grant_text));
         if let Some(previous) = previous
             && previous.wasm_sha256 == wasm_sha256
@@ -232,16 +232,19 @@ impl Loader {
         };
         let grant_text = String::from_utf8(grant_text)
             .map_err(|_| rejected(&grant_path, "grant file is not UTF-8".into()))?;
-        let grants = Grants::from_text(&grant_path, &grant_text)
+        let mut grants = Grants::from_text(&grant_path, &grant_text)
             .map_err(|e| rejected(&grant_path, e.to_string()))?;
         let mut protected = vec![self.dir.as_path()];
         protected.extend(self.engine.module_cache().map(|c| c.dir()));
-        grants.check_protected(&protected).map_err(|reason| {
+        let notes = grants.resolve(&protected).map_err(|reason| {
             rejected(
                 &grant_path,
                 format!("grant file {}: {reason}", grant_path.display()),
             )
         })?;
+        for note in notes {
+            tracing::warn!(guest = name, grant = %grant_path.display(), "{note}");
+        }
         let guest = self
             .engine
             .load_bytes(name, &wasm.display().to_string(), &bytes, grants)

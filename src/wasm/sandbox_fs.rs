@@ -4,12 +4,17 @@
 //! to it except where the guard has something to say:
 //!
 //! ```text
-//! symlink-at ─────────────────────────────▶ refused (not-permitted)
-//! rename-at / link-at ─ source a link? ───▶ refused; destination a link afterwards? removed, refused
-//! open-at ─ descriptors at the call's cap? ▶ trap: fault kind `descriptors`
-//!         ─ openat(O_NONBLOCK|O_NOFOLLOW beneath the directory), fstat
+//! symlink-at ───────────────────────────────▶ refused (not-permitted)
+//! rename-at ─ parents opened beneath, real paths read
+//!           ─ source a link, or source/destination a served path or above one? ─▶ refused
+//!           ─ renamed on the checked parents; destination a link afterwards? removed, refused
+//! link-at ─ source a link? ─▶ refused; destination a link afterwards? removed, refused
+//! open-at / read-directory ─ descriptors held at the call's cap? ─▶ trap: fault `descriptors`
+//! open-at ─ openat(O_NONBLOCK|O_NOFOLLOW beneath the directory), fstat
 //!             ─ FIFO, socket, device ─────▶ closed, refused (never blocks a thread)
-//!             ─ file or directory ────────▶ O_NONBLOCK cleared, counted until dropped
+//!             ─ file or directory ────────▶ O_NONBLOCK cleared, counted while anything
+//!                                            (the descriptor, a stream of it) holds it
+//! read-directory ─▶ a streamed listing ([`super::dirstream`]), counted while it lives
 //! ```
 //!
 //! Why: the kubelet follows symlinks in a PV's path, and tenants' pods write into volume
@@ -17,13 +22,14 @@
 //! served into a link later, and a FIFO a pod planted must not hang a host thread in `open(2)`
 //! (see `docs/threat-model.md`).
 
-use std::collections::HashSet;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
+
+use super::dirstream::{DirStream, SharedDirStream};
+use super::rename::{RenameError, checked_rename};
 
 use rustix::fs::{FileType, Mode, OFlags};
 use wasmtime::component::{HasData, Linker, Resource};
-use wasmtime_wasi::OpenMode;
 use wasmtime_wasi::filesystem::{Descriptor, Dir, File, WasiFilesystemCtxView};
 use wasmtime_wasi::p2::bindings::filesystem::types::{
     self, DescriptorFlags, DescriptorType, ErrorCode, HostDescriptor, HostDirectoryEntryStream,
@@ -31,15 +37,34 @@ use wasmtime_wasi::p2::bindings::filesystem::types::{
 };
 use wasmtime_wasi::p2::{DynInputStream, DynOutputStream};
 use wasmtime_wasi::p2::{FsError, FsResult};
+use wasmtime_wasi::{FsPerms, OpenMode};
 
 use super::host::GuestState;
 
-/// Per-call state of the guard: the descriptors the guest opened and its cap on them.
+/// Something of the call's that keeps a host descriptor open: a file or directory `open-at`
+/// created (its streams share it, so dropping the descriptor while a stream lives frees
+/// nothing), or a directory listing (its own descriptor). Alive while anything holds it.
+#[derive(Debug)]
+enum Held {
+    Fd(Weak<std::fs::File>),
+    Listing(Weak<Mutex<DirStream>>),
+}
+
+impl Held {
+    fn alive(&self) -> bool {
+        match self {
+            Held::Fd(fd) => fd.strong_count() > 0,
+            Held::Listing(listing) => listing.strong_count() > 0,
+        }
+    }
+}
+
+/// Per-call state of the guard: the descriptors the guest holds and its cap on them.
 #[derive(Debug)]
 pub struct FsGuard {
     max_descriptors: usize,
-    /// Resource handles of the descriptors `open-at` created and the guest has not dropped.
-    open: HashSet<u32>,
+    /// What the guest opened; dead entries are pruned when something new is admitted.
+    held: Vec<Held>,
     /// Set when the guest tried to open more than `max_descriptors`.
     pub descriptors_hit: bool,
     /// Filesystem calls refused by the guard (links, special files), for the debug log.
@@ -53,16 +78,27 @@ impl FsGuard {
     pub fn new(max_descriptors: usize) -> FsGuard {
         FsGuard {
             max_descriptors,
-            open: HashSet::new(),
+            held: Vec::new(),
             descriptors_hit: false,
             refused: 0,
             inline: false,
         }
     }
 
-    /// Descriptors the guest holds right now (not counting its preopened directories).
+    /// Host descriptors the guest's call holds right now: files and directories it opened
+    /// (directly or through a stream), and listings (not counting its preopened directories).
     pub fn open_descriptors(&self) -> usize {
-        self.open.len()
+        self.held.iter().filter(|h| h.alive()).count()
+    }
+
+    /// Room for one more descriptor, or the trap that ends the call.
+    fn admit(&mut self) -> Result<(), DescriptorCapHit> {
+        self.held.retain(Held::alive);
+        if self.held.len() >= self.max_descriptors {
+            self.descriptors_hit = true;
+            return Err(DescriptorCapHit(self.max_descriptors));
+        }
+        Ok(())
     }
 
     /// The cap on them.
@@ -87,6 +123,14 @@ impl<'a> SandboxFsView<'a> {
     /// The view over one store's WASI filesystem state and its guard.
     pub fn new(inner: WasiFilesystemCtxView<'a>, guard: &'a mut FsGuard) -> Self {
         SandboxFsView { inner, guard }
+    }
+
+    /// The directory behind a descriptor and its permissions.
+    fn dir_of(&self, fd: &Resource<Descriptor>) -> FsResult<(Arc<std::fs::File>, FsPerms)> {
+        match self.inner.table.get(fd)? {
+            Descriptor::Dir(dir) => Ok((Arc::clone(&dir.dir), dir.perms)),
+            Descriptor::File(_) => Err(ErrorCode::NotDirectory.into()),
+        }
     }
 
     fn refuse<T>(&mut self) -> FsResult<T> {
@@ -262,7 +306,21 @@ impl HostDescriptor for SandboxFsView<'_> {
         &mut self,
         fd: Resource<Descriptor>,
     ) -> FsResult<Resource<types::DirectoryEntryStream>> {
-        HostDescriptor::read_directory(&mut self.inner, fd).await
+        let (dir, _) = self.dir_of(&fd)?;
+        self.guard.admit().map_err(FsError::trap)?;
+        let open = move || DirStream::open(&dir);
+        let stream = if self.guard.inline {
+            open()
+        } else {
+            tokio::task::spawn_blocking(open)
+                .await
+                .map_err(|e| FsError::trap(wasmtime::Error::msg(format!("read-directory: {e}"))))?
+        }?;
+        let stream: SharedDirStream = Arc::new(Mutex::new(stream));
+        self.guard.held.push(Held::Listing(Arc::downgrade(&stream)));
+        let handle = self.inner.table.push(stream)?;
+        // Under the handle type the bindings expect; only this module looks it up.
+        Ok(Resource::new_own(handle.rep()))
     }
 
     async fn sync(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
@@ -334,10 +392,7 @@ impl HostDescriptor for SandboxFsView<'_> {
         oflags: OpenFlags,
         flags: DescriptorFlags,
     ) -> FsResult<Resource<Descriptor>> {
-        if self.guard.open.len() >= self.guard.max_descriptors {
-            self.guard.descriptors_hit = true;
-            return Err(FsError::trap(DescriptorCapHit(self.guard.max_descriptors)));
-        }
+        self.guard.admit().map_err(FsError::trap)?;
         let (dir, perms) = match self.inner.table.get(&fd)? {
             Descriptor::Dir(dir) => (Arc::clone(&dir.dir), dir.perms),
             Descriptor::File(_) => return Err(ErrorCode::NotDirectory.into()),
@@ -407,13 +462,16 @@ impl HostDescriptor for SandboxFsView<'_> {
             Err(ErrorCode::Access) => return self.refuse(),
             Err(code) => return Err(code.into()),
         };
+        let fd = match &descriptor {
+            Descriptor::Dir(dir) => Arc::downgrade(&dir.dir),
+            Descriptor::File(file) => Arc::downgrade(&file.file),
+        };
         let handle = self.inner.table.push(descriptor)?;
-        self.guard.open.insert(handle.rep());
+        self.guard.held.push(Held::Fd(fd));
         Ok(handle)
     }
 
     fn drop(&mut self, fd: Resource<Descriptor>) -> wasmtime::Result<()> {
-        self.guard.open.remove(&fd.rep());
         HostDescriptor::drop(&mut self.inner, fd)
     }
 
@@ -436,18 +494,34 @@ impl HostDescriptor for SandboxFsView<'_> {
         new_fd: Resource<Descriptor>,
         new_path: String,
     ) -> FsResult<()> {
-        if self.is_symlink(&fd, &old_path).await? {
-            return self.refuse();
+        let (old_dir, old_perms) = self.dir_of(&fd)?;
+        let (new_dir, new_perms) = self.dir_of(&new_fd)?;
+        // The same permission rules as wasmtime-wasi's own rename-at.
+        if old_perms.write_not_permitted()
+            || new_perms.write_not_permitted()
+            || old_perms != new_perms
+        {
+            return Err(ErrorCode::NotPermitted.into());
         }
-        HostDescriptor::rename_at(
-            &mut self.inner,
-            fd,
-            old_path,
-            borrow(&new_fd),
-            new_path.clone(),
-        )
-        .await?;
-        self.undo_if_symlink(&new_fd, &new_path).await
+        let inline = self.guard.inline;
+        // Local grants hold the index while renaming, so no volume is served in between; a
+        // network grant's rename may block, so it checks and then renames.
+        let rename = move || checked_rename(&old_dir, &old_path, &new_dir, &new_path, inline);
+        let outcome = if inline {
+            rename()
+        } else {
+            tokio::task::spawn_blocking(rename)
+                .await
+                .map_err(|e| FsError::trap(wasmtime::Error::msg(format!("rename-at: {e}"))))?
+        };
+        match outcome {
+            Ok(()) => Ok(()),
+            Err(RenameError::Code(code)) => Err(code.into()),
+            Err(RenameError::Refused(why)) => {
+                tracing::debug!(why, "rename-at refused");
+                self.refuse()
+            }
+        }
     }
 
     async fn symlink_at(
@@ -517,11 +591,28 @@ impl HostDirectoryEntryStream for SandboxFsView<'_> {
         &mut self,
         stream: Resource<types::DirectoryEntryStream>,
     ) -> FsResult<Option<types::DirectoryEntry>> {
-        HostDirectoryEntryStream::read_directory_entry(&mut self.inner, stream).await
+        let listing: Resource<SharedDirStream> = Resource::new_borrow(stream.rep());
+        let listing = Arc::clone(self.inner.table.get(&listing)?);
+        let next = move || {
+            listing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .next_entry()
+        };
+        let entry = if self.guard.inline {
+            next()
+        } else {
+            tokio::task::spawn_blocking(next).await.map_err(|e| {
+                FsError::trap(wasmtime::Error::msg(format!("read-directory-entry: {e}")))
+            })?
+        };
+        Ok(entry?)
     }
 
     fn drop(&mut self, stream: Resource<types::DirectoryEntryStream>) -> wasmtime::Result<()> {
-        HostDirectoryEntryStream::drop(&mut self.inner, stream)
+        let listing: Resource<SharedDirStream> = Resource::new_own(stream.rep());
+        self.inner.table.delete(listing)?;
+        Ok(())
     }
 }
 

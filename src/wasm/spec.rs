@@ -278,9 +278,9 @@ fn check_reclaim_policy(grants: &Grants, policy: ReclaimPolicy) -> Result<(), Sp
     }
 }
 
-/// When the scheduler selected a node for the claim, a volume with node affinity must admit
-/// that node by name in every term (`kubernetes.io/hostname in [..., node, ...]`): a guest may
-/// not pin a claim's volume to another node.
+/// When the scheduler selected a node for the claim, a volume with node affinity must name
+/// exactly that node in every term (`kubernetes.io/hostname in [node]`): a guest may not pin a
+/// claim's volume to another node, nor admit others beside it.
 pub fn check_selected_node(
     volume: &BuiltVolume,
     selected_node: Option<&str>,
@@ -295,7 +295,8 @@ pub fn check_selected_node(
         term.requirements.iter().any(|r| {
             r.key == HOSTNAME_LABEL
                 && r.operator == NodeSelectorOperator::In
-                && r.values.iter().any(|v| v == node)
+                && r.values.len() == 1
+                && r.values[0] == node
         })
     };
     if volume.node_affinity.iter().all(names_node) {
@@ -827,8 +828,14 @@ reclaim-policies = ["delete"]
             Err(SpecError::NotGranted(_))
         ));
         b.node_affinity(vec![term("n1"), term("n2")]).unwrap();
-        let both = b.finish(&g).unwrap();
+        let both = b.clone().finish(&g).unwrap();
         assert!(check_selected_node(&both, Some("n1")).is_err());
+        // One term naming the selected node and others beside it admits the others too.
+        let mut wide = term("n1");
+        wide.requirements[0].values.push("n2".into());
+        b.node_affinity(vec![wide]).unwrap();
+        let wide = b.finish(&g).unwrap();
+        assert!(check_selected_node(&wide, Some("n1")).is_err());
     }
 
     #[test]

@@ -70,7 +70,7 @@ impl Provisioner for Hostpath {
         }
         // Check first: a spec the grants refuse must not leave a directory behind.
         host.check(&spec)?;
-        dirs::create(&config.guest_path(&dir))?;
+        dirs::create_empty(&config.guest_path(&dir))?;
         host.info(
             "provisioned hostPath directory",
             &[("pv", &request.pv_name), ("path", &node_path)],

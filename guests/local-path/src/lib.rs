@@ -52,7 +52,7 @@ impl Provisioner for LocalPath {
             None => spec.annotation(SHARED_ANNOTATION, "true"),
         };
         host.check(&spec)?;
-        dirs::create(&config.guest_path(plan.node.as_deref(), &plan.path))?;
+        dirs::create_empty(&config.guest_path(plan.node.as_deref(), &plan.path))?;
         let node = plan.node.as_deref().unwrap_or("(shared)");
         host.info(
             "provisioned local path",

@@ -44,7 +44,7 @@ impl Provisioner for NfsSubdir {
             .annotation(DIR_ANNOTATION, &dir)
             .annotation(ON_DELETE_ANNOTATION, settings.on_delete.as_str());
         host.check(&spec)?;
-        dirs::create(&config.guest_path(&dir))?;
+        dirs::create_empty(&config.guest_path(&dir))?;
         host.info(
             "provisioned NFS directory",
             &[("pv", &request.pv_name), ("dir", &dir)],

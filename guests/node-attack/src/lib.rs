@@ -14,7 +14,15 @@
 //! nfs-export         an NFS volume on <server> at <path> (another export of a granted server)
 //! csi-handle         a CSI volume of <driver> with <handle> (another tenant's volume)
 //! recycle            a normal volume with reclaim policy Recycle
-//! other-node         a normal volume pinned to <node>, whatever node the scheduler chose
+//! other-node         a normal volume pinned to <node> (comma-separated: several nodes in one
+//!                    term), whatever node the scheduler chose
+//! stream-hoard       open <file>, make a read stream, drop the descriptor; again and again
+//! listing-hoard      open <count> listings of <dir> (default: until refused), read none
+//! list-all           read every entry of <dir>
+//! log-forge          host.log text, a field and a final error with newlines, `\r` and escapes
+//!                    that would start a forged log line
+//! path               mkdir -p <guest-dir>/<path>, hostPath <node-dir>/<path> (nesting, the prefix)
+//! renames            each `from>to` of <renames> (`;`-separated) in order, directories included
 //! none               mkdir <guest-dir>/<pv>, hostPath <node-dir>/<pv>
 //! ```
 //!
@@ -185,11 +193,64 @@ impl Guest for NodeAttack {
                     requirements: vec![NodeSelectorRequirement {
                         key: "kubernetes.io/hostname".into(),
                         operator: NodeSelectorOperator::In,
-                        values: vec![node.into()],
+                        values: node.split(',').map(str::to_owned).collect(),
                     }],
                 }])
                 .map_err(|error| ProvisionError::Final(format!("refused: {error:?}")))?;
                 Ok(spec)
+            }
+            "path" => {
+                let path = parameter(params, "path").unwrap_or_default();
+                let guest_path = config.guest_path(path);
+                let outcome = std::fs::create_dir_all(&guest_path).map_err(|e| e.to_string());
+                note(format!("mkdir -p {path}"), outcome);
+                host_path(config.node_path(path).trim_end_matches('/'), did)
+            }
+            "renames" => {
+                for step in parameter(params, "renames").unwrap_or_default().split(';') {
+                    if let Some((from, to)) = step.split_once('>') {
+                        note(format!("rename {from} {to}"), rename(&config, from, to));
+                    }
+                }
+                Err(ProvisionError::Final(format!("did: {}", did.join("; "))))
+            }
+            "stream-hoard" => {
+                let file = parameter(params, "file").unwrap_or("file");
+                let outcome = hoard::streams(&config, file);
+                note(format!("streams of {file}"), outcome);
+                Err(ProvisionError::Final(format!("did: {}", did.join("; "))))
+            }
+            "listing-hoard" => {
+                let dir = parameter(params, "dir").unwrap_or("");
+                let count = parameter(params, "count").and_then(|c| c.parse().ok());
+                let outcome = hoard::listings(&config, dir, count.unwrap_or(usize::MAX));
+                note(format!("listings of {dir:?}"), outcome);
+                Err(ProvisionError::Final(format!("did: {}", did.join("; "))))
+            }
+            "list-all" => {
+                let dir = parameter(params, "dir").unwrap_or("");
+                let outcome = std::fs::read_dir(config.guest_path(dir))
+                    .and_then(|entries| entries.map(|e| e.map(drop)).count_ok())
+                    .map(|n| format!("{n} entries"));
+                note(
+                    format!("list {dir:?}"),
+                    outcome.map(drop).map_err(|e| e.to_string()),
+                );
+                Err(ProvisionError::Final(format!("did: {}", did.join("; "))))
+            }
+            "log-forge" => {
+                let forged =
+                    "\n2026-01-01T00:00:00.000000Z  INFO wasm_provisioner: FORGED line\r\u{1b}[2K";
+                wasm_provisioner::provisioner::host::log(
+                    wasm_provisioner::provisioner::types::LogLevel::Warn,
+                    &format!("guest text{forged}"),
+                    &[Pair {
+                        key: "k".into(),
+                        value: format!("v{forged}"),
+                    }],
+                );
+                println!("stdout text\rFORGED carriage return");
+                Err(ProvisionError::Final(format!("final{forged}")))
             }
             "none" => normal_volume(&config, pv),
             other => Err(ProvisionError::Final(format!("unknown attack {other:?}"))),
@@ -213,6 +274,103 @@ impl Guest for NodeAttack {
 // Exported only from WebAssembly: the export names are not valid symbol names natively.
 #[cfg(target_arch = "wasm32")]
 export!(NodeAttack);
+
+/// Counting the entries of a listing, stopping at the first error.
+trait CountOk {
+    fn count_ok(self) -> std::io::Result<usize>;
+}
+
+impl<I: Iterator<Item = std::io::Result<()>>> CountOk for I {
+    fn count_ok(self) -> std::io::Result<usize> {
+        let mut n = 0;
+        for entry in self {
+            entry?;
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+/// Host resources held through the WASI filesystem API itself (std hides the handles).
+#[cfg(target_os = "wasi")]
+mod hoard {
+    use super::Config;
+    use wasip2::filesystem::types::{Descriptor, DescriptorFlags, OpenFlags, PathFlags};
+
+    fn preopen(config: &Config) -> Result<Descriptor, String> {
+        let dir = config.guest_dir.trim_end_matches('/');
+        wasip2::filesystem::preopens::get_directories()
+            .into_iter()
+            .find(|(_, preopened)| preopened.trim_end_matches('/') == dir)
+            .map(|(descriptor, _)| descriptor)
+            .ok_or_else(|| format!("{dir} is not a preopened directory"))
+    }
+
+    /// Streams whose descriptors were dropped, kept until something says no.
+    pub fn streams(config: &Config, file: &str) -> Result<(), String> {
+        let root = preopen(config)?;
+        let mut held = Vec::new();
+        loop {
+            let opened = root
+                .open_at(
+                    PathFlags::empty(),
+                    file,
+                    OpenFlags::CREATE,
+                    DescriptorFlags::READ | DescriptorFlags::WRITE,
+                )
+                .map_err(|code| format!("{} streams held, then open: {code}", held.len()))?;
+            let stream = opened
+                .read_via_stream(0)
+                .map_err(|code| format!("{} streams held, then stream: {code}", held.len()))?;
+            drop(opened);
+            held.push(stream);
+            if held.len() >= 1_000_000 {
+                return Err("a million streams and counting".into());
+            }
+        }
+    }
+
+    /// Listings of `dir` opened and kept unread.
+    pub fn listings(config: &Config, dir: &str, count: usize) -> Result<(), String> {
+        let root = preopen(config)?;
+        let target = if dir.is_empty() {
+            None
+        } else {
+            Some(
+                root.open_at(
+                    PathFlags::empty(),
+                    dir,
+                    OpenFlags::DIRECTORY,
+                    DescriptorFlags::READ,
+                )
+                .map_err(|code| format!("open {dir}: {code}"))?,
+            )
+        };
+        let listed = target.as_ref().unwrap_or(&root);
+        let mut held = Vec::new();
+        while held.len() < count {
+            let listing = listed
+                .read_directory()
+                .map_err(|code| format!("{} listings held, then: {code}", held.len()))?;
+            held.push(listing);
+        }
+        Ok(())
+    }
+}
+
+/// Native builds only run unit tests.
+#[cfg(not(target_os = "wasi"))]
+mod hoard {
+    use super::Config;
+
+    pub fn streams(_config: &Config, _file: &str) -> Result<(), String> {
+        Err("only inside WebAssembly".into())
+    }
+
+    pub fn listings(_config: &Config, _dir: &str, _count: usize) -> Result<(), String> {
+        Err("only inside WebAssembly".into())
+    }
+}
 
 /// A hostPath volume at `path`, with what the guest did recorded in an annotation.
 fn host_path(path: &str, did: Vec<String>) -> Result<VolumeSpec, ProvisionError> {

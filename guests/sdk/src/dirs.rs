@@ -1,5 +1,6 @@
 //! Directory chores inside the guest's granted directories, with errors that name the path:
-//! create, check, remove (already gone is fine), and rename to a free name (archiving).
+//! create, check, remove (already gone is fine; any depth, any number of entries), and rename to
+//! a free name (archiving).
 
 use std::fs;
 use std::io::ErrorKind;
@@ -12,6 +13,21 @@ pub fn create(path: &str) -> Result<(), ProvisionError> {
         .map_err(|error| final_error(format!("creating directory {path}: {error}")))
 }
 
+/// `mkdir -p` for a new volume: an existing directory is taken only when it is empty (a retry
+/// of this very provision, before any pod could write). One that holds anything may be another
+/// claim's data (two claims whose paths collide): never adopted.
+pub fn create_empty(path: &str) -> Result<(), ProvisionError> {
+    create(path)?;
+    let mut entries =
+        fs::read_dir(path).map_err(|error| final_error(format!("listing {path}: {error}")))?;
+    if entries.next().is_some() {
+        return Err(final_error(format!(
+            "directory {path} already exists and is not empty; it may hold another claim's data, so it is not adopted"
+        )));
+    }
+    Ok(())
+}
+
 /// Whether `path` exists (a symlink counts, and is not followed).
 pub fn exists(path: &str) -> Result<bool, ProvisionError> {
     match fs::symlink_metadata(path) {
@@ -22,11 +38,57 @@ pub fn exists(path: &str) -> Result<bool, ProvisionError> {
 }
 
 /// `rm -r`; returns false when there was nothing to remove.
+///
+/// A tenant's pod decides what is in a volume: a tree deeper than the call's descriptor cap,
+/// or more entries than the guest's memory holds. So this never holds more than one open
+/// directory (it walks down by path, removing files as it lists, and starts over from the top
+/// each time a directory is emptied and removed), and never keeps a listing in memory. A link
+/// is removed, never followed.
 pub fn remove(path: &str) -> Result<bool, ProvisionError> {
-    match fs::remove_dir_all(path) {
-        Ok(()) => Ok(true),
-        Err(error) if error.kind() == ErrorKind::NotFound => Ok(false),
-        Err(error) => Err(final_error(format!("removing {path}: {error}"))),
+    let fail = |at: &str, error: std::io::Error| final_error(format!("removing {at}: {error}"));
+    match fs::symlink_metadata(path) {
+        Err(error) if error.kind() == ErrorKind::NotFound => return Ok(false),
+        Err(error) => return Err(fail(path, error)),
+        Ok(meta) if !meta.is_dir() => {
+            fs::remove_file(path).map_err(|e| fail(path, e))?;
+            return Ok(true);
+        }
+        Ok(_) => {}
+    }
+    loop {
+        let mut at = path.to_owned();
+        // Down to a directory with no subdirectory left, emptying each on the way.
+        loop {
+            let mut below = None;
+            for entry in fs::read_dir(&at).map_err(|e| fail(&at, e))? {
+                let entry = entry.map_err(|e| fail(&at, e))?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let child = crate::join(&at, &name);
+                if entry.file_type().map_err(|e| fail(&child, e))?.is_dir() {
+                    below = Some(child);
+                    break;
+                }
+                match fs::remove_file(&child) {
+                    Err(error) if error.kind() != ErrorKind::NotFound => {
+                        return Err(fail(&child, error));
+                    }
+                    _ => {}
+                }
+            }
+            match below {
+                Some(child) => at = child,
+                None => break,
+            }
+        }
+        match fs::remove_dir(&at) {
+            // Entries a listing skipped while it was being emptied: list it again.
+            Err(error) if error.kind() == ErrorKind::DirectoryNotEmpty => continue,
+            Err(error) if error.kind() != ErrorKind::NotFound => return Err(fail(&at, error)),
+            _ => {}
+        }
+        if at == path {
+            return Ok(true);
+        }
     }
 }
 
@@ -73,6 +135,45 @@ mod tests {
             !remove(&format!("{root}/archived-a-1")).unwrap(),
             "already gone"
         );
+        remove(&root).unwrap();
+    }
+
+    #[test]
+    fn removes_deep_trees_and_many_entries_and_never_follows_links() {
+        let root = std::env::temp_dir().join(format!("sdk-rm-{}", std::process::id()));
+        let root = root.to_str().unwrap().to_owned();
+        let mut deep = format!("{root}/v");
+        for i in 0..100 {
+            deep = format!("{deep}/d{i}");
+        }
+        create(&deep).unwrap();
+        for i in 0..3000 {
+            fs::write(format!("{root}/v/f{i}"), b"x").unwrap();
+        }
+        let outside = format!("{root}-outside");
+        create(&outside).unwrap();
+        fs::write(format!("{outside}/keep"), b"x").unwrap();
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(&outside, format!("{root}/v/d0/link")).unwrap();
+        assert!(remove(&format!("{root}/v")).unwrap());
+        assert!(!exists(&format!("{root}/v")).unwrap());
+        assert!(
+            exists(&format!("{outside}/keep")).unwrap(),
+            "the link was not followed"
+        );
+        remove(&root).unwrap();
+        remove(&outside).unwrap();
+    }
+
+    #[test]
+    fn a_new_volume_never_adopts_a_directory_with_data() {
+        let root = std::env::temp_dir().join(format!("sdk-adopt-{}", std::process::id()));
+        let root = root.to_str().unwrap().to_owned();
+        create_empty(&format!("{root}/a")).unwrap();
+        create_empty(&format!("{root}/a")).expect("a retry finds it empty");
+        fs::write(format!("{root}/a/data"), b"x").unwrap();
+        let error = create_empty(&format!("{root}/a")).unwrap_err();
+        assert!(format!("{error:?}").contains("not adopted"), "{error:?}");
         remove(&root).unwrap();
     }
 

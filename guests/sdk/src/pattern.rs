@@ -3,7 +3,11 @@
 //!
 //! Variables: `${pv.name}`, `${pvc.namespace}`, `${pvc.name}`, `${pvc.labels.KEY}`,
 //! `${pvc.annotations.KEY}`. A missing label or annotation is an error naming it (silently
-//! substituting "" would put different claims' data in one directory).
+//! substituting "" would put different claims' data in one directory), and so is a value with
+//! a `/` in it: with `/` kept out of values, a pattern whose variables are separated by `/`
+//! (`${pvc.namespace}/${pvc.name}`) gives every claim a directory of its own (`team-a/x` and
+//! `team/a-x` never meet, as they would in `${pvc.namespace}-${pvc.name}`), and no tenant can
+//! write a path of its own choosing through an annotation.
 
 use crate::types::{Pair, ProvisionRequest};
 
@@ -103,9 +107,15 @@ fn substitute_text(pattern: &str, values: &PatternValues) -> Result<String, Stri
         let end = after_open
             .find('}')
             .ok_or_else(|| format!("parameter pathPattern {pattern:?}: unclosed \"${{\""))?;
+        let variable = &after_open[..end];
         let value = values
-            .lookup(&after_open[..end])
+            .lookup(variable)
             .map_err(|why| format!("parameter pathPattern {pattern:?}: {why}"))?;
+        if value.contains('/') {
+            return Err(format!(
+                "parameter pathPattern {pattern:?}: the value {value:?} of ${{{variable}}} contains `/`; values may not choose directories"
+            ));
+        }
         expanded.push_str(value);
         rest = &after_open[end + 1..];
     }
@@ -174,10 +184,8 @@ mod tests {
             expand_for_claim("x-${pvc.labels.app.kubernetes.io/name}-y").unwrap(),
             "x-db-y"
         );
-        assert_eq!(
-            expand_for_claim("${pvc.annotations.example.com/sub}/${pv.name}").unwrap(),
-            "a/b/pvc-1234"
-        );
+        let error = expand_for_claim("${pvc.annotations.example.com/sub}/${pv.name}").unwrap_err();
+        assert!(error.contains("contains `/`"), "{error}");
         assert_eq!(expand_for_claim("static/dir").unwrap(), "static/dir");
     }
 
@@ -200,7 +208,7 @@ mod tests {
             error.starts_with("parameter pathPattern \"${pvc.annotations.example.com/dir}\""),
             "{error}"
         );
-        assert!(error.contains("\"..\""), "{error}");
+        assert!(error.contains("contains `/`"), "{error}");
         assert!(
             expand_for_claim("/abs/${pv.name}")
                 .unwrap_err()

@@ -1,0 +1,162 @@
+//! Compiling untrusted code within bounds: a size limit, and compilation in a child process
+//! with an address-space limit, a CPU-time limit and a wall-clock timeout.
+//!
+//! ```text
+//! .wasm bytes ─ larger than MAX_MODULE_BYTES? ─▶ refused
+//!             ─ refused before (same SHA-256)? ─▶ refused again, not compiled
+//!             ─▶ `wasm-provisioner compile-guest` (RLIMIT_AS, RLIMIT_CPU; killed at the timeout)
+//!                  stdin: the component, stdout: wasmtime's artifact ─▶ deserialized here
+//! ```
+//!
+//! Why: a small module with huge function bodies (a "compile bomb": 613 KiB, ~10 s and 1.8 GiB
+//! to compile) took the whole process down at load, and a hot-reload rescan compiled a refused
+//! bomb again every time. In a child, only the child dies.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Largest `.wasm` the host reads (guests are a few hundred KiB).
+pub const MAX_MODULE_BYTES: usize = 32 << 20;
+
+/// The child's limits.
+#[derive(Debug, Clone)]
+pub struct CompileLimits {
+    /// The executable that has the `compile-guest` command (this binary).
+    pub program: PathBuf,
+    /// Address space of the child (`RLIMIT_AS`), MiB.
+    pub memory_mib: u64,
+    /// CPU time of the child (`RLIMIT_CPU`), seconds.
+    pub cpu_seconds: u64,
+    /// Wall-clock time before the child is killed.
+    pub timeout: Duration,
+}
+
+impl CompileLimits {
+    /// This executable, 1 GiB of address space, 60 CPU seconds, 120 s.
+    pub fn for_this_binary() -> std::io::Result<CompileLimits> {
+        Ok(CompileLimits {
+            program: std::env::current_exe()?,
+            memory_mib: 1024,
+            cpu_seconds: 60,
+            timeout: Duration::from_secs(120),
+        })
+    }
+}
+
+/// Why the child produced no artifact.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    /// The child could not be run.
+    #[error("cannot run the compiler process {program}: {source}")]
+    Spawn {
+        /// The executable.
+        program: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The child ran past its wall-clock timeout and was killed.
+    #[error("compiling took longer than {0:?}; the compiler process was killed")]
+    Timeout(Duration),
+    /// The child failed: its limits, or the module.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Compiles `bytes` in a child under `limits`; wasmtime's serialized artifact.
+pub fn compile_in_child(limits: &CompileLimits, bytes: &[u8]) -> Result<Vec<u8>, CompileError> {
+    let mut child = Command::new(&limits.program)
+        .arg("compile-guest")
+        .arg("--memory-mib")
+        .arg(limits.memory_mib.to_string())
+        .arg("--cpu-seconds")
+        .arg(limits.cpu_seconds.to_string())
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| CompileError::Spawn {
+            program: limits.program.display().to_string(),
+            source,
+        })?;
+    // Feed and drain on threads of their own, so neither pipe can fill up and stall us.
+    let mut stdin = child.stdin.take().expect("piped");
+    let input = bytes.to_vec();
+    let feeder = std::thread::spawn(move || stdin.write_all(&input));
+    let mut stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut artifact = Vec::new();
+        stdout.read_to_end(&mut artifact).map(|_| artifact)
+    });
+    let mut stderr = child.stderr.take().expect("piped");
+    let errors = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        // The child's message is short; never keep more than 4 KiB of it.
+        let _ = (&mut stderr).take(4096).read_to_end(&mut text);
+        String::from_utf8_lossy(&text).into_owned()
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child
+            .try_wait()
+            .map_err(|e| CompileError::Failed(e.to_string()))?
+        {
+            break status;
+        }
+        if started.elapsed() >= limits.timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(CompileError::Timeout(limits.timeout));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _ = feeder.join();
+    let artifact = reader.join().ok().and_then(Result::ok).unwrap_or_default();
+    let message = errors.join().unwrap_or_default();
+    if status.success() && !artifact.is_empty() {
+        return Ok(artifact);
+    }
+    let why = match status.code() {
+        Some(_) => message.trim().to_string(),
+        None => format!(
+            "the compiler process was killed ({status}), past its limits of {} MiB of address space or {} CPU seconds",
+            limits.memory_mib, limits.cpu_seconds
+        ),
+    };
+    Err(CompileError::Failed(why))
+}
+
+/// The child's side (`wasm-provisioner compile-guest`): limits itself, reads the component
+/// from stdin, writes the artifact to stdout.
+pub fn run_child(memory_mib: u64, cpu_seconds: u64) -> anyhow::Result<()> {
+    use rustix::process::{Resource, Rlimit, setrlimit};
+    let bytes = memory_mib.saturating_mul(1 << 20);
+    setrlimit(
+        Resource::As,
+        Rlimit {
+            current: Some(bytes),
+            maximum: Some(bytes),
+        },
+    )?;
+    setrlimit(
+        Resource::Cpu,
+        Rlimit {
+            current: Some(cpu_seconds),
+            maximum: Some(cpu_seconds),
+        },
+    )?;
+    let mut input = Vec::new();
+    std::io::stdin()
+        .take(MAX_MODULE_BYTES as u64 + 1)
+        .read_to_end(&mut input)?;
+    anyhow::ensure!(
+        input.len() <= MAX_MODULE_BYTES,
+        "larger than {MAX_MODULE_BYTES} bytes"
+    );
+    let artifact = super::engine::precompile(&input).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    std::io::stdout().write_all(&artifact)?;
+    Ok(())
+}

@@ -1,0 +1,125 @@
+//! `rename-at` behind the guard ([`super::sandbox_fs`]): no link moved, and no served path or
+//! directory above one moved or replaced ([`super::served`]).
+//!
+//! ```text
+//! parents of source and destination ─ openat2 beneath their descriptors (as cap-std resolves)
+//!   ─ source a link? ─▶ refused
+//!   ─ real paths (/proc/self/fd) ─ source or destination a served path or above one? ─▶ refused
+//!   ─ renameat on the checked parents (index locked throughout for local grants)
+//!   ─ destination a link afterwards (a pod swapped the source)? ─▶ removed, refused
+//! ```
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+
+use rustix::fs::{FileType, Mode, OFlags};
+use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
+
+/// Why a guarded rename did not happen.
+pub enum RenameError {
+    /// The OS (or the path) said no.
+    Code(ErrorCode),
+    /// The guard said no, and why (for the debug log).
+    Refused(String),
+}
+
+impl From<rustix::io::Errno> for RenameError {
+    fn from(errno: rustix::io::Errno) -> Self {
+        RenameError::Code(errno_code(errno))
+    }
+}
+
+fn errno_code(errno: rustix::io::Errno) -> ErrorCode {
+    match errno {
+        rustix::io::Errno::XDEV => ErrorCode::NotPermitted,
+        rustix::io::Errno::NOSYS => ErrorCode::Unsupported,
+        errno => std::io::Error::from(errno).into(),
+    }
+}
+
+/// The directory holding the last component of `path`, opened beneath `dir` as cap-std
+/// resolves it (links followed while they stay beneath), and that component.
+fn parent_beneath(dir: &std::fs::File, path: &str) -> Result<(OwnedFd, String), RenameError> {
+    use rustix::fs::ResolveFlags;
+    let trimmed = path.trim_end_matches('/');
+    let (parent, name) = match trimmed.rsplit_once('/') {
+        Some((parent, name)) => (if parent.is_empty() { "/" } else { parent }, name),
+        None => (".", trimmed),
+    };
+    if matches!(name, "" | "." | "..") {
+        return Err(RenameError::Code(ErrorCode::Invalid));
+    }
+    let fd = rustix::fs::openat2(
+        dir.as_fd(),
+        parent,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+    )?;
+    Ok((fd, name.to_owned()))
+}
+
+/// Where an open directory is now, in this process' filesystem.
+fn real_path(fd: &OwnedFd) -> Result<std::path::PathBuf, RenameError> {
+    use std::os::fd::AsRawFd;
+    let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|e| RenameError::Code(e.into()))?;
+    if path.to_string_lossy().ends_with(" (deleted)") {
+        return Err(RenameError::Code(ErrorCode::NoEntry));
+    }
+    Ok(path)
+}
+
+fn is_link_at(dir: &OwnedFd, name: &str) -> Result<bool, rustix::io::Errno> {
+    let stat = rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+    Ok(FileType::from_raw_mode(stat.st_mode) == FileType::Symlink)
+}
+
+/// `rename-at` behind the guard: the source may not be a link, and neither the source nor the
+/// destination may be a served path or lie above one ([`super::served`]); the rename is done
+/// on the very directories checked. A destination that is a link afterwards (a pod swapped the
+/// source in between) is removed and the call refused. With `hold`, the index stays locked
+/// until the rename is done.
+pub fn checked_rename(
+    old_dir: &std::fs::File,
+    old_path: &str,
+    new_dir: &std::fs::File,
+    new_path: &str,
+    hold: bool,
+) -> Result<(), RenameError> {
+    let (old_parent, old_name) = parent_beneath(old_dir, old_path)?;
+    let (new_parent, new_name) = parent_beneath(new_dir, new_path)?;
+    if is_link_at(&old_parent, &old_name)? {
+        return Err(RenameError::Refused(format!(
+            "{old_path} is a symbolic link"
+        )));
+    }
+    let source = real_path(&old_parent)?.join(&old_name);
+    let destination = real_path(&new_parent)?.join(&new_name);
+    let rename = |touches: &dyn Fn(&Path) -> Option<std::path::PathBuf>| {
+        for path in [&source, &destination] {
+            if let Some(served) = touches(path) {
+                return Err(RenameError::Refused(format!(
+                    "{} is or holds the served path {}",
+                    path.display(),
+                    served.display()
+                )));
+            }
+        }
+        rustix::fs::renameat(&old_parent, &old_name, &new_parent, &new_name)?;
+        Ok(())
+    };
+    let index = super::served::served();
+    if hold {
+        index.while_unchanged(rename)?;
+    } else {
+        rename(&|path| index.touches(path))?;
+    }
+    if is_link_at(&new_parent, &new_name).unwrap_or(false) {
+        rustix::fs::unlinkat(&new_parent, &new_name, rustix::fs::AtFlags::empty())?;
+        return Err(RenameError::Refused(format!(
+            "{new_path} was a symbolic link after the rename"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,292 @@
+//! The index of served node paths: every `hostPath`/`local` path a live PV points at, so a
+//! served path can never change under the kubelet.
+//!
+//! ```text
+//! PV watch (apply / delete) ──▶ note / forget ─┐
+//! provision: returned path ──▶ reserve ────────┤  refused: equal to another PV's path, an
+//!                                              │  ancestor or a descendant of one
+//! delete call starts ─────────▶ release ───────┤
+//! guest rename-at ─▶ real paths of source and destination ─▶ touches? ─▶ refused
+//! ```
+//!
+//! Why: the kubelet follows links in a PV's path, and tenants' pods can plant links anywhere
+//! inside their own volume. A served path changes under the kubelet only if one of its
+//! components is inside another volume (nesting, or the prefix itself served) or a directory
+//! holding a planted link is renamed onto one of its ancestors. The index refuses the first at
+//! provision, [`super::sandbox_fs`] the second at `rename-at` (see `docs/threat-model.md`).
+//! It is process-wide (every guest, every grant), keyed by the path as the node sees it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+
+/// Why a returned path may not be served.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ServedError {
+    /// Another live volume's path is this one, above it or below it.
+    #[error(
+        "{path} {relation} {other_path} of volume {other}; a pod of one could replace a directory of the other with a link the kubelet follows"
+    )]
+    Nested {
+        /// The returned path.
+        path: String,
+        /// `is the path`, `is inside` or `contains`.
+        relation: &'static str,
+        /// The other volume.
+        other: String,
+        /// Its path.
+        other_path: String,
+    },
+    /// The path is a granted prefix or granted directory itself (or above one).
+    #[error(
+        "{path} is the granted directory {granted} or lies above it; a volume must be a directory below it"
+    )]
+    Granted {
+        /// The returned path.
+        path: String,
+        /// The prefix or directory.
+        granted: String,
+    },
+}
+
+/// Served paths, each with the volumes at it (static `local` PVs on different nodes may share one).
+#[derive(Debug, Default)]
+pub struct ServedPaths {
+    inner: Mutex<Index>,
+}
+
+#[derive(Debug, Default)]
+struct Index {
+    by_path: BTreeMap<PathBuf, BTreeSet<String>>,
+    by_volume: HashMap<String, PathBuf>,
+}
+
+impl Index {
+    fn insert(&mut self, volume: &str, path: &Path) {
+        self.remove(volume);
+        self.by_path
+            .entry(path.to_owned())
+            .or_default()
+            .insert(volume.to_owned());
+        self.by_volume.insert(volume.to_owned(), path.to_owned());
+    }
+
+    fn remove(&mut self, volume: &str) {
+        let Some(path) = self.by_volume.remove(volume) else {
+            return;
+        };
+        if let Some(volumes) = self.by_path.get_mut(&path) {
+            volumes.remove(volume);
+            if volumes.is_empty() {
+                self.by_path.remove(&path);
+            }
+        }
+    }
+
+    /// Another volume at `path`, above it or below it.
+    fn conflict(&self, volume: &str, path: &Path) -> Option<ServedError> {
+        let other_than = |at: &Path| {
+            self.by_path
+                .get(at)
+                .and_then(|volumes| volumes.iter().find(|v| *v != volume))
+        };
+        let nested = |relation, other: &String, at: &Path| ServedError::Nested {
+            path: path.display().to_string(),
+            relation,
+            other: other.clone(),
+            other_path: at.display().to_string(),
+        };
+        if let Some(other) = other_than(path) {
+            return Some(nested("is the path", other, path));
+        }
+        for above in path.ancestors().skip(1) {
+            if let Some(other) = other_than(above) {
+                return Some(nested("is inside", other, above));
+            }
+        }
+        // Descendants sort right after `path` (paths compare by component).
+        self.by_path
+            .range(path.to_owned()..)
+            .take_while(|(at, _)| at.starts_with(path))
+            .find_map(|(at, volumes)| {
+                volumes
+                    .iter()
+                    .find(|v| *v != volume)
+                    .map(|other| nested("contains", other, at))
+            })
+    }
+
+    /// A served path that `path` is, or lies above.
+    fn touches(&self, path: &Path) -> Option<&Path> {
+        self.by_path
+            .range(path.to_owned()..)
+            .next()
+            .map(|(at, _)| at.as_path())
+            .filter(|at| at.starts_with(path))
+    }
+}
+
+/// The process' index (every guest shares it: a volume of one guest nested in another's is the
+/// same hole).
+pub fn served() -> &'static ServedPaths {
+    static SERVED: OnceLock<ServedPaths> = OnceLock::new();
+    SERVED.get_or_init(ServedPaths::default)
+}
+
+impl ServedPaths {
+    fn lock(&self) -> MutexGuard<'_, Index> {
+        // A panic while holding it leaves a consistent map (every update is one insert or
+        // remove), so a poisoned lock is still good to use.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records that `volume` is being served at `path` unless that would nest it with another
+    /// live volume, or serve a granted directory (`granted`: the guest's prefixes and
+    /// directories) itself. Checked and recorded at once, so two concurrent calls cannot both
+    /// pass. The same volume may reserve its own path again (a retried provision).
+    pub fn reserve<'g>(
+        &self,
+        volume: &str,
+        path: &Path,
+        granted: impl IntoIterator<Item = &'g Path>,
+    ) -> Result<(), ServedError> {
+        for granted in granted {
+            if granted.starts_with(path) {
+                return Err(ServedError::Granted {
+                    path: path.display().to_string(),
+                    granted: granted.display().to_string(),
+                });
+            }
+        }
+        let mut index = self.lock();
+        if let Some(conflict) = index.conflict(volume, path) {
+            return Err(conflict);
+        }
+        index.insert(volume, path);
+        Ok(())
+    }
+
+    /// `volume` is no longer served (its storage is being deleted, or the PV is gone).
+    pub fn release(&self, volume: &str) {
+        self.lock().remove(volume);
+    }
+
+    /// A PV as the watch delivered it: its path is served, or no longer (a PV without a node
+    /// path, or one `Released` or `Failed`: no pod mounts it again, its storage goes next).
+    pub fn note(&self, pv: &PersistentVolume) {
+        let Some(name) = pv.metadata.name.as_deref() else {
+            return;
+        };
+        let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Released" | "Failed")) {
+            return self.release(name);
+        }
+        match node_path(pv) {
+            Some(path) => self.lock().insert(name, Path::new(path)),
+            None => self.release(name),
+        }
+    }
+
+    /// The served path `path` is, or lies above, if any: a directory there must not move.
+    pub fn touches(&self, path: &Path) -> Option<PathBuf> {
+        self.lock().touches(path).map(Path::to_owned)
+    }
+
+    /// Runs `f` while no path can be reserved (a rename checked against the index happens
+    /// before any volume it could affect is served).
+    pub fn while_unchanged<R>(&self, f: impl FnOnce(&dyn Fn(&Path) -> Option<PathBuf>) -> R) -> R {
+        let index = self.lock();
+        f(&|path| index.touches(path).map(Path::to_owned))
+    }
+
+    /// How many paths are served.
+    pub fn len(&self) -> usize {
+        self.lock().by_path.len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The `hostPath` or `local` path of a PV.
+pub fn node_path(pv: &PersistentVolume) -> Option<&str> {
+    let spec = pv.spec.as_ref()?;
+    spec.host_path
+        .as_ref()
+        .map(|h| h.path.as_str())
+        .or_else(|| spec.local.as_ref().map(|l| l.path.as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reserve(index: &ServedPaths, volume: &str, path: &str) -> Result<(), ServedError> {
+        index.reserve(volume, Path::new(path), [Path::new("/srv/vol")])
+    }
+
+    #[test]
+    fn nesting_either_way_and_the_prefix_are_refused() {
+        let index = ServedPaths::default();
+        assert_eq!(reserve(&index, "a", "/srv/vol/a"), Ok(()));
+        assert_eq!(reserve(&index, "a", "/srv/vol/a"), Ok(()), "a retry");
+        for (path, relation) in [
+            ("/srv/vol/a", "is the path"),
+            ("/srv/vol/a/x", "is inside"),
+            ("/srv/vol/a/x/y", "is inside"),
+        ] {
+            let err = reserve(&index, "b", path).unwrap_err();
+            assert!(
+                matches!(&err, ServedError::Nested { relation: r, other, .. } if *r == relation && other == "a"),
+                "{path}: {err}"
+            );
+        }
+        assert_eq!(reserve(&index, "deep", "/srv/vol/ns/deep"), Ok(()));
+        let err = reserve(&index, "over", "/srv/vol/ns").unwrap_err();
+        assert!(
+            err.to_string().contains("contains /srv/vol/ns/deep"),
+            "{err}"
+        );
+        for path in ["/srv/vol", "/srv", "/"] {
+            assert!(matches!(
+                reserve(&index, "p", path),
+                Err(ServedError::Granted { .. })
+            ));
+        }
+        // Siblings whose names share a prefix are not nested.
+        assert_eq!(reserve(&index, "a2", "/srv/vol/a-x"), Ok(()));
+        assert_eq!(reserve(&index, "a3", "/srv/vol/a.b"), Ok(()));
+        index.release("a");
+        assert_eq!(reserve(&index, "b", "/srv/vol/a/x"), Ok(()));
+    }
+
+    #[test]
+    fn touches_means_the_path_or_above_it() {
+        let index = ServedPaths::default();
+        reserve(&index, "a", "/srv/vol/ns/a").unwrap();
+        for (path, touches) in [
+            ("/srv/vol/ns/a", true),
+            ("/srv/vol/ns", true),
+            ("/srv/vol", true),
+            ("/srv/vol/ns/a/inside", false),
+            ("/srv/vol/ns/ab", false),
+            ("/srv/vol/n", false),
+            ("/srv/vol/other", false),
+        ] {
+            assert_eq!(index.touches(Path::new(path)).is_some(), touches, "{path}");
+        }
+    }
+
+    #[test]
+    fn a_volume_moving_its_path_keeps_one_entry() {
+        let index = ServedPaths::default();
+        reserve(&index, "a", "/srv/vol/a").unwrap();
+        reserve(&index, "a", "/srv/vol/b").unwrap();
+        assert_eq!(index.len(), 1);
+        assert_eq!(reserve(&index, "c", "/srv/vol/a/x"), Ok(()));
+    }
+}
