@@ -21,13 +21,45 @@ pub fn exists(path: &str) -> Result<bool, ProvisionError> {
     }
 }
 
-/// `rm -r`; returns false when there was nothing to remove.
+/// `rm -r`; returns false when there was nothing to remove. Follows no link (a link is removed,
+/// not its target) and holds one directory handle at a time however deep the tree: a pod can fill
+/// its volume with a tree deeper than the guest's descriptor limit, and std's `remove_dir_all`
+/// keeps a handle open per level.
 pub fn remove(path: &str) -> Result<bool, ProvisionError> {
-    match fs::remove_dir_all(path) {
+    match remove_tree(path) {
         Ok(()) => Ok(true),
         Err(error) if error.kind() == ErrorKind::NotFound => Ok(false),
         Err(error) => Err(final_error(format!("removing {path}: {error}"))),
     }
+}
+
+/// Depth first with a stack of paths: a directory is listed (its handle closed before anything
+/// else happens), its files and links removed, its subdirectories stacked; once listing finds it
+/// empty it is removed.
+fn remove_tree(root: &str) -> std::io::Result<()> {
+    if !fs::symlink_metadata(root)?.is_dir() {
+        return fs::remove_file(root);
+    }
+    let mut stack = vec![std::path::PathBuf::from(root)];
+    while let Some(dir) = stack.last().cloned() {
+        let entries: Vec<fs::DirEntry> = fs::read_dir(&dir)?.collect::<Result<_, _>>()?;
+        let mut subdirectories = Vec::new();
+        for entry in entries {
+            // DirEntry::file_type does not follow links.
+            if entry.file_type()?.is_dir() {
+                subdirectories.push(entry.path());
+            } else {
+                fs::remove_file(entry.path())?;
+            }
+        }
+        if subdirectories.is_empty() {
+            fs::remove_dir(&dir)?;
+            stack.pop();
+        } else {
+            stack.extend(subdirectories);
+        }
+    }
+    Ok(())
 }
 
 /// Renames `from` to `{root}/{base}`, or `{base}-1`, `{base}-2`, ... if taken; returns the name.
