@@ -52,6 +52,9 @@ pub(crate) enum Undo {
     Cgroup { name: String },
     /// A network link (the bridge).
     Link { name: String },
+    /// The pods' veth links that are not in `before` (a pod's netns can outlive a killed run for
+    /// a while, and its veth with it).
+    NewVeths { before: Vec<String> },
     /// An iptables rule in table `table`, as its `-A` arguments.
     Iptables { table: String, rule: Vec<String> },
     /// Processes whose command line names this directory (the containerd shims, which leave
@@ -186,6 +189,14 @@ fn undo_one(undo: &Undo) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Undo::NewVeths { before } => {
+            for link in entries(Path::new("/sys/class/net")) {
+                if link.starts_with("veth") && !before.contains(&link) {
+                    run("ip", &["link", "delete", &link])?;
+                }
+            }
+            Ok(())
+        }
         Undo::Link { name } => {
             if Path::new("/sys/class/net").join(name).exists() {
                 run("ip", &["link", "delete", name])?;
@@ -314,6 +325,13 @@ pub(crate) fn processes_naming(needle: &str) -> Vec<u32> {
 fn remove_cgroup_tree(path: &Path) -> anyhow::Result<()> {
     if !path.is_dir() {
         return Ok(());
+    }
+    // Containers whose shim was killed with a dead run are still in here: they are this run's.
+    for pid in std::fs::read_to_string(path.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+    {
+        let _ = run("kill", &["-KILL", pid.trim()]);
     }
     for entry in std::fs::read_dir(path)?.filter_map(Result::ok) {
         if entry.file_type().is_ok_and(|kind| kind.is_dir()) {

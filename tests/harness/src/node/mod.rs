@@ -286,6 +286,9 @@ impl Node {
             &["link", "add", "name", config::BRIDGE, "type", "bridge"],
         )?;
         host::run("ip", &["link", "set", config::BRIDGE, "up"])?;
+        journal.record(Undo::NewVeths {
+            before: host::entries(Path::new("/sys/class/net")),
+        })?;
         // Lets the nat rule send pods' API traffic to 127.0.0.1; goes away with the bridge.
         host::write_sysctl(
             &format!("net/ipv4/conf/{}/route_localnet", config::BRIDGE),
