@@ -487,26 +487,6 @@ impl NodeCluster {
     }
 }
 
-/// PIDs of the processes on this machine whose environment has `POD_NAME=<pod>` (deploy/ sets
-/// it in the provisioner's container): to tell when a deleted pod's process is really gone.
-pub fn processes_of_pod(pod: &str) -> Vec<u32> {
-    let needle = format!("POD_NAME={pod}");
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| {
-                environ
-                    .split(|byte| *byte == 0)
-                    .any(|variable| variable == needle.as_bytes())
-            })
-        })
-        .collect()
-}
-
 /// The node names a PV's required node affinity allows.
 pub fn pinned_to(pv: &PersistentVolume) -> Vec<String> {
     pv.spec

@@ -3,38 +3,17 @@
 //! applied (its node directory moved into the node's run dir), `deploy/examples/claim.yaml`
 //! bound, a pod writing into it; then the file on the node, and everything removed. Needs root.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::ensure;
-use wp_harness::{ControlPlane, Node, NodeCluster, build_images};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("repository root")
-}
-
-fn step(text: &str) {
-    println!("\n==> {text}");
-}
+use wp_harness::{ControlPlane, Node, NodeCluster, build_images, demo_inputs, repo_root, step};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
-    let repo = repo();
-    let binary = std::env::var_os("WP_PROVISIONER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo.join("target/debug/wasm-provisioner"));
-    let guest = repo.join("guests/target/wasm32-wasip2/release/hostpath.wasm");
-    for needed in [&binary, &guest] {
-        ensure!(
-            needed.exists(),
-            "{} is missing: run `bash .ci/demo node` (it builds everything)",
-            needed.display()
-        );
-    }
+    let repo = repo_root();
+    let (binary, _guest) = demo_inputs(&repo, "bash .ci/demo node")?;
 
     step("building the images the Dockerfile describes (.ci/images), plus pause and busybox");
     let images = build_images(&repo, &binary)?;

@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::components::flags;
+
 /// The bridge the pods sit on (created before the kubelet, so its sysctl can be set).
 pub(crate) const BRIDGE: &str = "wpnode0";
 
@@ -249,13 +251,6 @@ pub(crate) fn keep_pods_local_rule() -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect()
-}
-
-fn flags(pairs: &[(&str, &str)]) -> Vec<String> {
-    pairs
-        .iter()
-        .map(|(flag, value)| format!("{flag}={value}"))
-        .collect()
 }
 
 #[cfg(test)]

@@ -306,6 +306,13 @@ pub(crate) fn kill_processes_naming(path: &Path) {
 
 /// PIDs of the processes whose command line contains `needle`.
 pub(crate) fn processes_naming(needle: &str) -> Vec<u32> {
+    processes_where("cmdline", |text| {
+        String::from_utf8_lossy(text).contains(needle)
+    })
+}
+
+/// PIDs of the processes (not this one) whose `/proc/<pid>/<file>` satisfies `matches`.
+pub(crate) fn processes_where(file: &str, matches: impl Fn(&[u8]) -> bool) -> Vec<u32> {
     let own = std::process::id();
     let Ok(proc_entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -314,11 +321,7 @@ pub(crate) fn processes_naming(needle: &str) -> Vec<u32> {
         .filter_map(Result::ok)
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| *pid != own)
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|cmdline| String::from_utf8_lossy(&cmdline).contains(needle))
-                .unwrap_or(false)
-        })
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/{file}")).is_ok_and(|text| matches(&text)))
         .collect()
 }
 

@@ -575,6 +575,17 @@ fn apiserver_port(control_plane: &ControlPlane) -> anyhow::Result<u16> {
         .with_context(|| format!("no port in {url}"))
 }
 
+/// PIDs of the processes on this machine whose environment has `POD_NAME=<pod>` (deploy/ sets
+/// it in the provisioner's container): to tell when a deleted pod's process is really gone.
+pub fn processes_of_pod(pod: &str) -> Vec<u32> {
+    let needle = format!("POD_NAME={pod}");
+    host::processes_where("environ", |environ| {
+        environ
+            .split(|byte| *byte == 0)
+            .any(|variable| variable == needle.as_bytes())
+    })
+}
+
 /// What a node run may leave on the host, to compare before and after: sysctls, links, nat rules,
 /// the node's cgroups, mounts and processes of node runs, and the fixed host paths' entries.
 #[derive(Debug, Clone, PartialEq, Eq)]
