@@ -82,6 +82,45 @@ async fn hostpath_provisions_a_directory_idempotently_and_deletes_it() {
         .expect("deleting what is gone is success");
 }
 
+/// What a hostile pod leaves in its volume (found on a real node by tests/e2e_kubelet.rs): a
+/// 100-level tree, a FIFO and a symlink to the node's /etc. The delete removes all of it within
+/// the guest's descriptor limit (64 by default; std's `remove_dir_all` held one per level) and
+/// follows no link.
+#[tokio::test]
+async fn hostpath_deletes_a_planted_tree_deeper_than_its_descriptor_limit() {
+    let f = Fixture::new("hostpath", HOSTPATH, "/volumes", "");
+    let guest = f.guest(HOSTPATH);
+    let req = request(claim("deep"), class(HOSTPATH, &[]), &f.config(HOSTPATH));
+    let built = guest.provision(&req).await.expect("provision");
+    let dir = std::path::PathBuf::from(host_path_of(&built.source));
+    let mut deep = dir.join("deep");
+    for _ in 0..100 {
+        deep = deep.join("d");
+    }
+    std::fs::create_dir_all(&deep).unwrap();
+    std::fs::write(deep.join("leaf"), "planted").unwrap();
+    std::os::unix::fs::symlink("/etc", dir.join("etc-link")).unwrap();
+    let fifo = std::process::Command::new("mkfifo")
+        .arg(dir.join("fifo"))
+        .status()
+        .unwrap();
+    assert!(fifo.success());
+    let delete = DeleteRequest {
+        volume: as_volume(&req, &built),
+        storage_class: None,
+        config: f.config(HOSTPATH),
+    };
+    guest
+        .delete(&delete)
+        .await
+        .expect("delete of a planted tree");
+    assert!(!dir.exists(), "delete removed {}", dir.display());
+    assert!(
+        std::path::Path::new("/etc/hostname").exists()
+            || std::path::Path::new("/etc/passwd").exists()
+    );
+}
+
 #[tokio::test]
 async fn hostpath_archives_on_delete_and_follows_path_patterns() {
     let f = Fixture::new("hostpath", HOSTPATH, "/volumes", "");

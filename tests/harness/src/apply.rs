@@ -1,7 +1,7 @@
 //! Applying Kubernetes manifests (multi-document YAML) through discovery and server-side apply.
 
 use anyhow::Context;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
 use kube::discovery::{self, Scope};
 use serde::Deserialize;
@@ -19,6 +19,24 @@ const FIELD_MANAGER: &str = "wp-harness";
 /// Each kind is resolved through discovery, so any built-in or CRD kind works. Empty documents are
 /// skipped; namespaced objects without a namespace go to `default`.
 pub async fn apply_yaml(client: &kube::Client, yaml: &str) -> anyhow::Result<()> {
+    apply_documents(client, yaml, Mode::ServerSide).await
+}
+
+/// Applies every document as `kubectl apply` (client-side) does: created if new, else merged
+/// over the existing object (JSON merge patch). For manifests that v1.20's server-side apply
+/// refuses although they are valid: deploy/'s Service lists a port without `protocol`, which
+/// server-side apply of that release cannot key (the API server defaults it on create).
+pub async fn create_or_merge_yaml(client: &kube::Client, yaml: &str) -> anyhow::Result<()> {
+    apply_documents(client, yaml, Mode::CreateOrMerge).await
+}
+
+#[derive(Clone, Copy)]
+enum Mode {
+    ServerSide,
+    CreateOrMerge,
+}
+
+async fn apply_documents(client: &kube::Client, yaml: &str, mode: Mode) -> anyhow::Result<()> {
     for (index, document) in serde_yaml::Deserializer::from_str(yaml).enumerate() {
         let value = serde_yaml::Value::deserialize(document)
             .with_context(|| format!("parsing YAML document {index}"))?;
@@ -27,14 +45,18 @@ pub async fn apply_yaml(client: &kube::Client, yaml: &str) -> anyhow::Result<()>
         }
         let object: DynamicObject = serde_yaml::from_value(value)
             .with_context(|| format!("YAML document {index} is not a Kubernetes object"))?;
-        apply_object(client, &object)
+        apply_object(client, &object, mode)
             .await
             .with_context(|| format!("applying YAML document {index} ({})", describe(&object)))?;
     }
     Ok(())
 }
 
-async fn apply_object(client: &kube::Client, object: &DynamicObject) -> anyhow::Result<()> {
+async fn apply_object(
+    client: &kube::Client,
+    object: &DynamicObject,
+    mode: Mode,
+) -> anyhow::Result<()> {
     let types = object.types.as_ref().context("missing apiVersion/kind")?;
     let kind = GroupVersionKind::try_from(types).context("invalid apiVersion")?;
     let name = object
@@ -52,12 +74,25 @@ async fn apply_object(client: &kube::Client, object: &DynamicObject) -> anyhow::
         }
         Scope::Cluster => Api::all_with(client.clone(), &resource),
     };
-    api.patch(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(object),
-    )
-    .await?;
+    match mode {
+        Mode::ServerSide => {
+            api.patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(object),
+            )
+            .await?;
+        }
+        Mode::CreateOrMerge => match api.create(&PostParams::default(), object).await {
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                api.patch(name, &PatchParams::default(), &Patch::Merge(object))
+                    .await?;
+            }
+            created => {
+                created?;
+            }
+        },
+    }
     Ok(())
 }
 

@@ -469,7 +469,7 @@ pub(crate) fn restricted_account_name(n: usize) -> String {
 }
 
 /// `--flag=value` arguments, written as pairs so each flag stays next to its value.
-fn flags(pairs: &[(&str, &str)]) -> Vec<String> {
+pub(crate) fn flags(pairs: &[(&str, &str)]) -> Vec<String> {
     pairs
         .iter()
         .map(|(flag, value)| format!("{flag}={value}"))

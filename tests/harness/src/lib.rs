@@ -16,17 +16,25 @@
 
 mod apply;
 mod binaries;
+mod cluster;
 mod components;
 mod control_plane;
+mod demo_support;
 mod identity;
+mod kustomize;
+mod node;
 mod ports;
 mod process;
 mod wait;
 
-pub use apply::{RBAC_YAML, apply_yaml};
+pub use apply::{RBAC_YAML, apply_yaml, create_or_merge_yaml};
 pub use binaries::{BIN_DIR_ENV, Binaries, default_bin_dir};
+pub use cluster::{NodeCluster, SHIPPED_NODE_DIR, build_images, pinned_to, render_with_node_dir};
 pub use control_plane::{
     ATTACH_KUBECONFIG_ENV, ControlPlane, KEEP_RUN_DIR_ENV, RESTRICTED_IDENTITIES,
 };
+pub use demo_support::{demo_inputs, repo_root, step};
+pub use kustomize::render_kustomization;
+pub use node::{BUSYBOX_IMAGE, HostSnapshot, IMAGE_TARBALLS, Node, NodeTimings, processes_of_pod};
 pub use process::Process;
 pub use wait::wait_for;

@@ -2,7 +2,7 @@
 //! provisioned, bound, deleted, and their directories gone. Prints what happens as it goes.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
@@ -11,21 +11,10 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
-use wp_harness::{ControlPlane, Process, wait_for};
+use wp_harness::{ControlPlane, Process, demo_inputs, repo_root, step, wait_for};
 
 const PROVISIONER: &str = "wasm-provisioner.dev/hostpath";
 const CLAIMS: [(&str, &str); 3] = [("web-data", "1Gi"), ("db-data", "5Gi"), ("cache", "512Mi")];
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("repository root")
-}
-
-fn step(text: &str) {
-    println!("\n==> {text}");
-}
 
 fn list_dir(dir: &Path) -> String {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -46,21 +35,8 @@ fn list_dir(dir: &Path) -> String {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
-    let repo = repo();
-    let binary = std::env::var_os("WP_PROVISIONER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo.join("target/debug/wasm-provisioner"));
-    let guest = repo.join("guests/target/wasm32-wasip2/release/hostpath.wasm");
-    ensure!(
-        binary.exists(),
-        "{} is missing: run `bash .ci/demo` (it builds everything)",
-        binary.display()
-    );
-    ensure!(
-        guest.exists(),
-        "{} is missing: run `bash .ci/demo` (it builds everything)",
-        guest.display()
-    );
+    let repo = repo_root();
+    let (binary, guest) = demo_inputs(&repo, "bash .ci/demo")?;
 
     step("starting etcd, kube-apiserver and kube-controller-manager on loopback");
     let mut cp = ControlPlane::start().await?;

@@ -1,0 +1,405 @@
+//! End to end on a real node: kubelet + kube-scheduler + containerd beside the control plane
+//! (wp_harness::Node), the provisioner running as the pods `deploy/` and `deploy/node/` describe,
+//! from the images `.ci/images` builds, and pods that mount and write what the guests provision.
+//!
+//! One node for every case, run in order (each needs the state the one before left):
+//! deploy/ as shipped, a hostile pod, leader failover with real pods, deploy/node/, and last the
+//! host check: the node stopped and a second one started and stopped leave the host as it was.
+//! Needs root (the node changes host state, and puts it back); `bash .ci/test` runs it.
+
+mod common;
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, ensure};
+use libtest_mimic::{Arguments, Failed, Trial};
+use wp_harness::{
+    ControlPlane, HostSnapshot, Node, NodeCluster, build_images, pinned_to, processes_of_pod,
+};
+
+use common::repo;
+
+/// deploy/'s runAsUser for the provisioner.
+const PROVISIONER_UID: i64 = 65532;
+
+/// The cases, in the order they run.
+const CASES: &[&str] = &[
+    "deploy_runs_as_shipped_and_a_pod_writes_into_its_claim",
+    "a_hostile_pod_exposes_nothing_and_its_volume_is_deleted_cleanly",
+    "leader_failover_with_real_pods",
+    "node_daemonset_provisions_for_the_pod_the_scheduler_placed",
+    "two_node_runs_one_after_the_other_leave_nothing_behind",
+];
+
+fn main() -> ExitCode {
+    let mut args = Arguments::from_args();
+    args.test_threads = Some(1);
+    let selected: Vec<&str> = CASES
+        .iter()
+        .copied()
+        .filter(|name| args.filter.as_deref().is_none_or(|f| name.contains(f)))
+        .collect();
+    if args.list || selected.is_empty() {
+        let trials = CASES
+            .iter()
+            .map(|name| Trial::test(*name, || Ok(())))
+            .collect();
+        return libtest_mimic::run(&args, trials).exit_code();
+    }
+    // Every case runs here, in order, on one node; libtest-mimic then reports their outcomes.
+    let outcomes = run_cases(&selected);
+    let trials = CASES
+        .iter()
+        .map(|name| {
+            let outcome = outcomes
+                .iter()
+                .find(|(case, _)| case == name)
+                .map(|(_, outcome)| outcome.clone());
+            Trial::test(*name, move || match outcome {
+                Some(Ok(())) | None => Ok(()),
+                Some(Err(error)) => Err(Failed::from(error)),
+            })
+            .with_ignored_flag(!selected.contains(name))
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+fn run_cases(selected: &[&str]) -> Vec<(&'static str, Result<(), String>)> {
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let fail_all = |error: anyhow::Error| -> Vec<(&'static str, Result<(), String>)> {
+        let message = format!("{error:#}");
+        CASES
+            .iter()
+            .map(|case| (*case, Err(message.clone())))
+            .collect()
+    };
+    let before = match HostSnapshot::take() {
+        Ok(snapshot) => snapshot,
+        Err(error) => return fail_all(error),
+    };
+    let images = match images() {
+        Ok(images) => images,
+        Err(error) => return fail_all(error),
+    };
+    let world = runtime.block_on(async {
+        let started = Instant::now();
+        let cp = ControlPlane::start().await?;
+        let node = Node::start(&cp, images.path()).await?;
+        let t = node.timings();
+        println!(
+            "node up in {:.1} s (containerd {:.1} s, images {:.1} s, kubelet to Ready {:.1} s); with the control plane {:.1} s",
+            t.total.as_secs_f64(),
+            t.containerd.as_secs_f64(),
+            t.images.as_secs_f64(),
+            t.kubelet_to_ready.as_secs_f64(),
+            started.elapsed().as_secs_f64()
+        );
+        NodeCluster::new(cp, node).await
+    });
+    let mut world = match world {
+        Ok(world) => world,
+        Err(error) => return fail_all(error.context("starting the control plane and the node")),
+    };
+    let mut outcomes = Vec::new();
+    for case in CASES {
+        if !selected.contains(case) {
+            continue;
+        }
+        let result = runtime.block_on(async {
+            let run = async {
+                match *case {
+                    "deploy_runs_as_shipped_and_a_pod_writes_into_its_claim" => {
+                        deploy_as_shipped(&mut world).await
+                    }
+                    "a_hostile_pod_exposes_nothing_and_its_volume_is_deleted_cleanly" => {
+                        hostile_pod(&mut world).await
+                    }
+                    "leader_failover_with_real_pods" => leader_failover(&mut world).await,
+                    "node_daemonset_provisions_for_the_pod_the_scheduler_placed" => {
+                        node_daemonset(&mut world).await
+                    }
+                    "two_node_runs_one_after_the_other_leave_nothing_behind" => {
+                        nothing_left_behind(&mut world, &before, images.path()).await
+                    }
+                    other => anyhow::bail!("unknown case {other}"),
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(300), run)
+                .await
+                .map_err(|_| anyhow::anyhow!("timed out after 300 s"))?
+        });
+        let result = match result {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                world.cp.mark_failed();
+                let state = runtime.block_on(world.describe());
+                Err(format!("{error:#}\n{state}"))
+            }
+        };
+        outcomes.push((*case, result));
+    }
+    runtime.block_on(world.stop());
+    outcomes
+}
+
+/// The images, built by `.ci/images` from this build's provisioner and the release guests.
+fn images() -> anyhow::Result<tempfile::TempDir> {
+    common::guest_wasm("hostpath");
+    build_images(&repo(), Path::new(env!("CARGO_BIN_EXE_wasm-provisioner")))
+}
+
+/// (a) `kubectl apply -k deploy/` (with the overlay): both replicas Ready, one leader; the example
+/// claim Bound; a busybox pod writes into it and the file is where the PV says on the node;
+/// deleting pod and claim removes PV and storage.
+async fn deploy_as_shipped(world: &mut NodeCluster) -> anyhow::Result<()> {
+    let started = Instant::now();
+    world.apply_kustomization(&repo().join("deploy")).await?;
+    world.wait_deployment_ready("wasm-provisioner", 2).await?;
+    println!(
+        "deploy/ applied to 2/2 replicas Ready in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let leader = world.leader().await?;
+    let pods = world.provisioner_pods().await?;
+    ensure!(
+        pods.contains(&leader),
+        "the lease holder {leader} is not one of the replicas {pods:?}"
+    );
+    println!("leader: {leader} (replicas {pods:?})");
+
+    let claim_yaml = std::fs::read_to_string(repo().join("deploy/examples/claim.yaml"))?;
+    let started = Instant::now();
+    world.apply_yaml(&claim_yaml).await?;
+    let pv = world.wait_bound("default", "data").await?;
+    println!(
+        "deploy/examples/claim.yaml Bound in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let path = world.host_path_of(&pv)?;
+    let started = Instant::now();
+    world
+        .run_pod(
+            "writer",
+            "data",
+            "echo written-by-a-pod > /data/proof && cat /data/proof",
+        )
+        .await?;
+    println!(
+        "busybox pod writing into the claim: applied to Succeeded in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let on_node = std::fs::read_to_string(path.join("proof"))
+        .with_context(|| format!("reading the pod's file on the node at {}", path.display()))?;
+    ensure!(on_node == "written-by-a-pod\n", "the node has {on_node:?}");
+    ensure!(
+        world.pod_output("default", "writer")? == "written-by-a-pod",
+        "the pod's output"
+    );
+    world.delete_pod("default", "writer").await?;
+    world
+        .delete_claim_and_wait_storage("default", "data", &pv)
+        .await?;
+    world.assert_no_forbidden()
+}
+
+/// (c) A pod plants a symlink to the node's /etc, a FIFO and a 100-level tree in its volume; the
+/// next claims of the same guest are served; a second pod sees only its own volume's data; the
+/// planted volume is deleted cleanly and /etc is untouched.
+async fn hostile_pod(world: &mut NodeCluster) -> anyhow::Result<()> {
+    world.create_claim("default", "planted", "hostpath").await?;
+    let planted = world.wait_bound("default", "planted").await?;
+    let planted_path = world.host_path_of(&planted)?;
+    // As the provisioner's user (deploy/'s 65532): a root pod's files in a hostPath volume are
+    // beyond what the non-root provisioner may delete (a known limit, docs/threat-model.md).
+    world
+        .run_pod_as(
+            "planter",
+            "planted",
+            "ln -s /etc /data/etc-link && mkfifo /data/fifo && d=/data/deep && \
+             for i in $(seq 100); do d=$d/d; done && mkdir -p $d && echo planted > $d/leaf && \
+             ls /data",
+            PROVISIONER_UID,
+        )
+        .await?;
+    ensure!(
+        planted_path.join("etc-link").is_symlink() && planted_path.join("fifo").exists(),
+        "the pod planted what it should have in {}",
+        planted_path.display()
+    );
+    for name in ["after-1", "after-2"] {
+        world.create_claim("default", name, "hostpath").await?;
+    }
+    let after = world.wait_bound("default", "after-1").await?;
+    let after_2 = world.wait_bound("default", "after-2").await?;
+    world
+        .run_pod_as(
+            "reader",
+            "after-1",
+            "echo own > /data/own && find /data | sort",
+            PROVISIONER_UID,
+        )
+        .await?;
+    let seen = world.pod_output("default", "reader")?;
+    ensure!(
+        seen == "/data\n/data/own",
+        "the second pod sees more than its own data: {seen:?}"
+    );
+    let after_path = world.host_path_of(&after)?;
+    ensure!(
+        std::fs::canonicalize(&after_path)?
+            .starts_with(std::fs::canonicalize(world.storage_dir())?),
+        "{} resolves outside the granted directory",
+        after_path.display()
+    );
+    world.delete_pod("default", "planter").await?;
+    world.delete_pod("default", "reader").await?;
+    world
+        .delete_claim_and_wait_storage("default", "planted", &planted)
+        .await?;
+    ensure!(
+        Path::new("/etc/hostname").exists() && Path::new("/etc/passwd").exists(),
+        "the node's /etc lost files"
+    );
+    world
+        .delete_claim_and_wait_storage("default", "after-1", &after)
+        .await?;
+    world
+        .delete_claim_and_wait_storage("default", "after-2", &after_2)
+        .await?;
+    world.assert_no_forbidden()
+}
+
+/// (d) The leader pod is deleted (grace 0, as a crashed node would lose it); a claim made right
+/// after gets its PV from the standby within the lease duration plus a margin.
+async fn leader_failover(world: &mut NodeCluster) -> anyhow::Result<()> {
+    /// deploy/ runs the default --leader-election-lease-duration.
+    const LEASE_DURATION: Duration = Duration::from_secs(15);
+    const MARGIN: Duration = Duration::from_secs(30);
+    world.wait_deployment_ready("wasm-provisioner", 2).await?;
+    world.assert_no_forbidden()?;
+    let leader = world.leader().await?;
+    let leader_processes = processes_of_pod(&leader);
+    ensure!(
+        !leader_processes.is_empty(),
+        "no process of the leader pod {leader} found"
+    );
+    let deleted = Instant::now();
+    world.delete_pod("wasm-provisioner", &leader).await?;
+    // The object goes at once; the kubelet stops the container a moment later. Until then the
+    // old leader would still serve the claim, which would time nothing.
+    wp_harness::wait_for(
+        "the old leader's process to exit",
+        LEASE_DURATION + MARGIN,
+        || {
+            let gone = leader_processes
+                .iter()
+                .all(|pid| !Path::new(&format!("/proc/{pid}")).exists());
+            async move { Ok(gone.then_some(())) }
+        },
+    )
+    .await?;
+    let exited = deleted.elapsed();
+    let killed = Instant::now();
+    world
+        .create_claim("default", "after-failover", "hostpath")
+        .await?;
+    let pv = world
+        .wait_bound_within("default", "after-failover", LEASE_DURATION + MARGIN)
+        .await?;
+    let took = killed.elapsed();
+    let new_leader = world.leader().await?;
+    println!(
+        "leader failover: leader pod {leader} deleted (grace 0), its process gone {:.1} s later; a claim made then Bound in {:.1} s (lease duration {} s); new leader {new_leader}",
+        exited.as_secs_f64(),
+        took.as_secs_f64(),
+        LEASE_DURATION.as_secs()
+    );
+    ensure!(new_leader != leader, "the lease is still {leader}'s");
+    world
+        .delete_claim_and_wait_storage("default", "after-failover", &pv)
+        .await?;
+    world.assert_no_forbidden()
+}
+
+/// (b) deploy/ removed, deploy/node/ applied: the DaemonSet runs on the node; a
+/// WaitForFirstConsumer claim with a pod: the scheduler selects the node, its instance
+/// provisions, the pod runs and writes.
+async fn node_daemonset(world: &mut NodeCluster) -> anyhow::Result<()> {
+    world.remove_deployment("wasm-provisioner").await?;
+    let started = Instant::now();
+    world
+        .apply_kustomization(&repo().join("deploy/node"))
+        .await?;
+    world.wait_daemonset_ready("wasm-provisioner-node").await?;
+    println!(
+        "deploy/node/ DaemonSet rolled out in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    world
+        .create_claim("default", "local", "hostpath-local")
+        .await?;
+    let started = Instant::now();
+    world
+        .run_pod(
+            "local-writer",
+            "local",
+            "echo node-local > /data/proof && cat /data/proof",
+        )
+        .await?;
+    println!(
+        "WaitForFirstConsumer claim + pod: created to Succeeded in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let pv = world.wait_bound("default", "local").await?;
+    let selected = world.selected_node("default", "local").await?;
+    ensure!(
+        selected.as_deref() == Some(world.node_name()),
+        "the scheduler selected {selected:?}, not {}",
+        world.node_name()
+    );
+    ensure!(
+        pinned_to(&pv) == vec![world.node_name().to_string()],
+        "the PV is not pinned to the node: {:?}",
+        pinned_to(&pv)
+    );
+    let path = world.host_path_of(&pv)?;
+    ensure!(std::fs::read_to_string(path.join("proof"))? == "node-local\n");
+    world.delete_pod("default", "local-writer").await?;
+    world
+        .delete_claim_and_wait_storage("default", "local", &pv)
+        .await?;
+    world.assert_no_forbidden()?;
+    // Its hostPath is this node's run dir: a DaemonSet left for the next node would recreate it.
+    world.remove_daemonset("wasm-provisioner-node").await
+}
+
+/// The node stops and leaves the host as it was before it started; a second node on the same
+/// machine starts, gets Ready and stops, and leaves nothing either.
+async fn nothing_left_behind(
+    world: &mut NodeCluster,
+    before: &HostSnapshot,
+    images: &Path,
+) -> anyhow::Result<()> {
+    world.stop_node().await?;
+    let after_first = HostSnapshot::take()?;
+    ensure!(
+        before.diff(&after_first).is_empty(),
+        "the first node left: {:#?}",
+        before.diff(&after_first)
+    );
+    let started = Instant::now();
+    let mut second = Node::start(&world.cp, images).await?;
+    println!("second node up in {:.1} s", started.elapsed().as_secs_f64());
+    second.stop().await?;
+    drop(second);
+    let after_second = HostSnapshot::take()?;
+    ensure!(
+        before.diff(&after_second).is_empty(),
+        "the second node left: {:#?}",
+        before.diff(&after_second)
+    );
+    Ok(())
+}
