@@ -21,8 +21,8 @@ const LOG_LABEL: &str = "wasm-provisioner.dev/intents";
 
 struct World {
     fx: Fixture,
-    /// The guest's granted directory (kept for the world's life).
-    _storage: tempfile::TempDir,
+    /// The guest's granted directory.
+    storage: tempfile::TempDir,
     plugins: PluginsDir,
     process: Option<Process>,
 }
@@ -36,7 +36,7 @@ impl World {
         let plugins = common::dir_guest("scripted", &fx.provisioner, storage.path(), "/state");
         Ok(World {
             fx,
-            _storage: storage,
+            storage,
             plugins,
             process: None,
         })
@@ -90,6 +90,14 @@ impl World {
                 (cm.name_any(), bytes)
             })
             .collect())
+    }
+
+    fn deletes(&self) -> usize {
+        std::fs::read_to_string(self.storage.path().join("calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("delete "))
+            .count()
     }
 
     fn logs_forbidden(&self) -> bool {
@@ -234,6 +242,59 @@ async fn pv_gets(w: &World) -> anyhow::Result<f64> {
         .sum())
 }
 
+/// The PV went first and its storage delete failed; the admin recreates the PV over the storage
+/// with Retain to keep it. Recovery must leave the storage alone, live and after a restart.
+async fn a_pv_recreated_over_failed_storage_keeps_it(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "recreated").await?;
+    w.start("recreated-0")?;
+    let class = w.class("c").param("deleteFail", "final").create().await?;
+    w.claim("data").class(&class).create().await?;
+    let pv = w.wait_bound("data").await?;
+    let name = pv.name_any();
+    let storage = w.storage.path().join(&name);
+    w.claims().delete("data", &DeleteParams::default()).await?;
+    w.wait_pv_gone(&name).await?;
+    w.wait("the first storage delete failed", || async {
+        Ok((w.deletes() >= 1).then_some(()))
+    })
+    .await?;
+    // The admin's natural move: the PV again, over the same storage, with Retain.
+    let mut recreated = pv.clone();
+    recreated.metadata = kube::api::ObjectMeta {
+        name: Some(name.clone()),
+        annotations: pv.metadata.annotations.clone(),
+        ..Default::default()
+    };
+    if let Some(spec) = recreated.spec.as_mut() {
+        spec.claim_ref = None;
+        spec.persistent_volume_reclaim_policy = Some("Retain".into());
+    }
+    recreated.status = None;
+    w.pvs().create(&Default::default(), &recreated).await?;
+    w.wait("the storage kept, said so", || async {
+        let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(w.admin.clone());
+        let kept = events
+            .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+            .await?
+            .items
+            .into_iter()
+            .any(|e| e.reason.as_deref() == Some("StorageKept"));
+        Ok(kept.then_some(()))
+    })
+    .await?;
+    let deletes = w.deletes();
+    w.process.as_mut().expect("running").kill();
+    w.start("recreated-0")?;
+    tokio::time::sleep(Duration::from_secs(21)).await;
+    ensure!(
+        storage.exists(),
+        "the storage under the recreated PV is kept"
+    );
+    ensure!(w.deletes() == deletes, "no delete after the PV came back");
+    ensure!(!w.logs_forbidden(), "{}", w.fx.logs());
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     common::suite::run(
         "intent log",
@@ -243,6 +304,7 @@ fn main() -> std::process::ExitCode {
             huge_annotations_do_not_stop_any_class,
             a_thousand_waiting_claims_cost_nothing,
             no_process_start_leaves_a_log,
+            a_pv_recreated_over_failed_storage_keeps_it,
         ],
     )
 }
