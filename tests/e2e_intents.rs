@@ -15,6 +15,7 @@ use wp_harness::{ControlPlane, Process};
 
 use common::PluginsDir;
 use common::e2e::{Fixture, pv_name};
+use common::suite::{Suite, Test};
 
 const LOG_NAMESPACE: &str = "wasm-provisioner";
 const LOG_LABEL: &str = "wasm-provisioner.dev/intents";
@@ -296,15 +297,23 @@ async fn a_pv_recreated_over_failed_storage_keeps_it(cp: Arc<ControlPlane>) -> a
 }
 
 fn main() -> std::process::ExitCode {
-    common::suite::run(
-        "intent log",
-        &["scripted"],
-        Duration::from_secs(240),
-        e2e_tests![
-            huge_annotations_do_not_stop_any_class,
-            a_thousand_waiting_claims_cost_nothing,
-            no_process_start_leaves_a_log,
-            a_pv_recreated_over_failed_storage_keeps_it,
-        ],
-    )
+    let suite = Suite {
+        what: "intent log",
+        guests: &["scripted"],
+        timeout: Duration::from_secs(240),
+        // One at a time: the waiting-claims test reads kube-apiserver's request counters, which
+        // every provisioner on the control plane adds to, and loads both cores.
+        one_at_a_time: true,
+    };
+    let tests: Vec<(&str, common::suite::TestFn)> = e2e_tests![
+        huge_annotations_do_not_stop_any_class,
+        a_thousand_waiting_claims_cost_nothing,
+        no_process_start_leaves_a_log,
+        a_pv_recreated_over_failed_storage_keeps_it,
+    ];
+    let tests = tests
+        .into_iter()
+        .map(|(name, test)| Test::new(name, test))
+        .collect();
+    common::suite::run_suite(suite, tests)
 }

@@ -38,6 +38,7 @@ fn compile_bomb(functions: usize, locals: usize, ops: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compile_bomb_is_refused_in_a_child_and_not_compiled_again() {
+    let _alone = super::CPU_HEAVY.lock().await;
     if !in_child(
         "bomb::a_compile_bomb_is_refused_in_a_child_and_not_compiled_again",
         "WP_BOMB_CHILD",

@@ -109,6 +109,7 @@ fn fill(dir: &Path, entries: usize) {
 /// within the documented budget while one call hoards them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listings_do_not_hoard_host_memory() {
+    let _alone = super::CPU_HEAVY.lock().await;
     if !in_child(
         "resources::listings_do_not_hoard_host_memory",
         "WP_LISTING_CHILD",
@@ -151,6 +152,7 @@ async fn listings_do_not_hoard_host_memory() {
 /// past the margin (3.91 s against 2 s; now 2.01 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_listing_cannot_run_past_the_deadline() {
+    let _alone = super::CPU_HEAVY.lock().await;
     let entries: usize = std::env::var("WP_HUGE_DIR_ENTRIES")
         .ok()
         .and_then(|n| n.parse().ok())

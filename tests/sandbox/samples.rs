@@ -65,6 +65,7 @@ async fn the_example_class_keeps_tenants_apart_and_never_adopts_data() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volumes_a_pod_made_deep_or_huge_are_still_deleted() {
+    let _alone = super::CPU_HEAVY.lock().await;
     let storage = tempfile::tempdir().unwrap();
     let (_plugins, guest) = hostpath(storage.path(), "memory-mib = 16\ndescriptors = 64");
     let config = guest.grants().config_json.clone();
