@@ -296,6 +296,78 @@ async fn a_pv_recreated_over_failed_storage_keeps_it(cp: Arc<ControlPlane>) -> a
     Ok(())
 }
 
+/// `release-finalizers --claim` under the shipped RBAC, which lists claims but may not get them.
+async fn release_finalizers_finds_one_claim_under_the_shipped_rbac(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "release-one").await?;
+    w.start_with(
+        "release-one-0",
+        &[
+            "--retry-interval-start",
+            "300ms",
+            "--intent-record=claim-finalizer",
+        ],
+    )?;
+    let class = w.class("flaky").param("fail", "transient").create().await?;
+    w.claim("data").class(&class).create().await?;
+    let claims = w.claims();
+    w.wait("our finalizer on the claim", || async {
+        let claim = claims.get("data").await?;
+        Ok(claim
+            .finalizers()
+            .iter()
+            .any(|f| f == "wasm-provisioner.dev/provisioning")
+            .then_some(()))
+    })
+    .await?;
+    w.process.as_mut().expect("running").kill();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"))
+        .args(["release-finalizers", "--claim", &format!("{}/data", w.ns)])
+        .args(["-n", LOG_NAMESPACE])
+        .arg("--kubeconfig")
+        .arg(w.cp.provisioner_kubeconfig())
+        .output()?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    ensure!(
+        output.status.success(),
+        "release-finalizers --claim failed: {stdout}{stderr}"
+    );
+    ensure!(
+        stdout.contains(&format!("released claim {}/data", w.ns)),
+        "{stdout}"
+    );
+    w.claims().delete("data", &DeleteParams::default()).await?;
+    w.wait_claim_gone("data").await?;
+    Ok(())
+}
+
+/// A process that may not write its intent log (here: its namespace does not exist) stops at
+/// once with a message saying what to check, instead of running and provisioning nothing.
+async fn a_log_that_cannot_be_written_fails_the_start(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let w = World::new(cp, "unwritable").await?;
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
+    cmd.args(["run", "--plugins"])
+        .arg(w.plugins.path())
+        .arg("--kubeconfig")
+        .arg(w.cp.provisioner_kubeconfig())
+        .args(["--leader-election-namespace", "no-such-namespace"]);
+    let started = Instant::now();
+    let output = tokio::task::spawn_blocking(move || cmd.output()).await??;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("exited in {:?}", started.elapsed());
+    ensure!(!output.status.success(), "it must not run: {stderr}");
+    ensure!(
+        stderr.contains("intent log") && stderr.contains("--leader-election-namespace"),
+        "{stderr}"
+    );
+    ensure!(started.elapsed() < Duration::from_secs(60));
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let suite = Suite {
         what: "intent log",
@@ -310,6 +382,8 @@ fn main() -> std::process::ExitCode {
         a_thousand_waiting_claims_cost_nothing,
         no_process_start_leaves_a_log,
         a_pv_recreated_over_failed_storage_keeps_it,
+        release_finalizers_finds_one_claim_under_the_shipped_rbac,
+        a_log_that_cannot_be_written_fails_the_start,
     ];
     let tests = tests
         .into_iter()
