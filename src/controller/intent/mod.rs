@@ -98,6 +98,14 @@ impl LogState {
     /// Puts `text` under `key` if it fits the entry and log bounds.
     fn put(&mut self, key: &str, intent: &Intent, generation: u64) -> Result<(), IntentError> {
         let text = intent.to_text();
+        self.bytes = self.bytes_with(key, &text, intent)?;
+        self.entries.insert(key.to_string(), text);
+        self.entry_generation.insert(key.to_string(), generation);
+        Ok(())
+    }
+
+    /// The log's bytes once `text` is stored under `key`, if that fits the entry and log bounds.
+    fn bytes_with(&self, key: &str, text: &str, intent: &Intent) -> Result<usize, IntentError> {
         let size = key.len() + text.len();
         if size > MAX_ENTRY_BYTES {
             return Err(IntentError::TooLarge {
@@ -107,16 +115,14 @@ impl LogState {
             });
         }
         let replaced = self.entries.get(key).map_or(0, |old| key.len() + old.len());
-        if self.bytes - replaced + size > MAX_LOG_BYTES {
+        let bytes = self.bytes - replaced + size;
+        if bytes > MAX_LOG_BYTES {
             return Err(IntentError::Full {
                 pv: intent.pv().to_string(),
                 limit: MAX_LOG_BYTES,
             });
         }
-        self.bytes = self.bytes - replaced + size;
-        self.entries.insert(key.to_string(), text);
-        self.entry_generation.insert(key.to_string(), generation);
-        Ok(())
+        Ok(bytes)
     }
 
     fn remove(&mut self, key: &str) -> bool {
@@ -232,13 +238,9 @@ impl IntentLog {
 
     /// Whether `intent` would fit under `key` now (entry and log bounds).
     pub fn fits(&self, key: &str, intent: &Intent) -> bool {
-        let state = self.state();
-        let size = key.len() + intent.to_text().len();
-        let replaced = state
-            .entries
-            .get(key)
-            .map_or(0, |old| key.len() + old.len());
-        size <= MAX_ENTRY_BYTES && state.bytes - replaced + size <= MAX_LOG_BYTES
+        self.state()
+            .bytes_with(key, &intent.to_text(), intent)
+            .is_ok()
     }
 
     /// Counts a failed attempt in the entry under `key` (written with the next batch) and returns
