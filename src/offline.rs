@@ -9,9 +9,9 @@ use anyhow::{Context as _, bail};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 
-use crate::controller::convert::{self, PvIdentity};
+use crate::controller::convert::PvIdentity;
 use crate::controller::decide;
-use crate::wasm::bindings::types::{DeleteRequest, ProvisionRequest};
+use crate::controller::storage::{self, Deleted, Qualified};
 use crate::wasm::contract::ContractInfo;
 use crate::wasm::runtime::hook_names;
 use crate::wasm::{Grants, Plugins, WasmEngine, load_dir};
@@ -127,38 +127,24 @@ pub async fn provision(
         })?;
     let class_name = class.metadata.name.clone().unwrap_or_default();
     let pv_name = decide::pv_name(&claim).expect("uid set above");
-    let request = ProvisionRequest {
-        pv_name: pv_name.clone(),
-        claim: convert::claim(&claim)?,
-        storage_class: convert::storage_class(&class),
-        selected_node: decide::selected_node(&claim).map(str::to_string),
-        config: guest.grants().config_json.clone(),
-    };
-    if decide::wants_block(&claim) && !guest.supports_block().await? {
-        bail!(
+    let request = match storage::qualify(guest, &claim, &class, &pv_name).await? {
+        Qualified::Ready(request) => request,
+        Qualified::NoBlock => bail!(
             "{} does not support block volume provisioning",
             class.provisioner
-        );
-    }
-    if !guest
-        .should_provision(&request.claim, &request.storage_class)
-        .await?
-    {
-        bail!(
+        ),
+        Qualified::Declined => bail!(
             "guest {} declined the claim (its qualifier hook returned false)",
             guest.name()
-        );
-    }
-    let built = guest.provision(&request).await?;
-    let pv = convert::persistent_volume(
-        &PvIdentity {
-            name: &pv_name,
-            claim: &claim,
-            class: &class,
-            class_name: &class_name,
-        },
-        &built,
-    );
+        ),
+    };
+    let identity = PvIdentity {
+        name: &pv_name,
+        claim: &claim,
+        class: &class,
+        class_name: &class_name,
+    };
+    let pv = storage::build(guest, &request, &identity).await?;
     let mut yaml = String::from("apiVersion: v1\nkind: PersistentVolume\n");
     yaml.push_str(&serde_yaml::to_string(&pv)?);
     Ok(yaml)
@@ -189,19 +175,19 @@ pub async fn delete(
             served_names(&plugins)
         )
     })?;
-    let volume = convert::volume(&pv)?;
-    if !guest.should_delete(&volume).await? {
+    if !storage::guard(guest, &pv).await? {
         bail!(
             "guest {} keeps the volume (its deletion-guard hook returned false)",
             guest.name()
         );
     }
-    let request = DeleteRequest {
-        volume,
-        storage_class: class.as_ref().map(convert::storage_class),
-        config: guest.grants().config_json.clone(),
-    };
-    guest.delete(&request).await?;
+    if let Deleted::NotHeld(reason) = storage::delete(guest, &pv, class.as_ref()).await? {
+        return Ok(format!(
+            "guest {} holds no storage of {}: {reason}\n",
+            guest.name(),
+            pv.metadata.name.unwrap_or_default()
+        ));
+    }
     Ok(format!(
         "deleted storage of {} with guest {}\n",
         pv.metadata.name.unwrap_or_default(),

@@ -14,7 +14,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
 use crate::controller::decide::{self, FINALIZER_CLAIM, FINALIZER_PV, has_finalizer};
-use crate::controller::intent::{Intent, LOG_LABEL};
+use crate::controller::storage::intent::{Intent, LOG_LABEL};
 
 /// What to release.
 #[derive(Debug, Clone)]
@@ -78,7 +78,7 @@ pub async fn release_finalizers(
     {
         let (namespace, name) = (claim.namespace().unwrap_or_default(), claim.name_any());
         if !dry_run {
-            let patch = decide::claim_finalizer_patch(&claim.metadata.uid, false, None);
+            let patch = decide::claim_finalizer_patch(&claim.metadata.uid, false);
             Api::<PersistentVolumeClaim>::namespaced(client.clone(), &namespace)
                 .patch(&name, &PatchParams::default(), &Patch::Strategic(&patch))
                 .await

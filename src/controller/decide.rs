@@ -222,33 +222,22 @@ pub fn finalizer_patch(uid: &Option<String>, finalizer: &str, present: bool) -> 
     }
 }
 
-/// Annotation written with our claim finalizer: the claim's StorageClass as it was when the
-/// guest was first called, so its storage can be deleted even if the class is gone by then.
+/// Annotation that earlier versions wrote with our claim finalizer (the claim's class, for a
+/// cleanup that asked the guest again what it built). Nothing reads it now; removing our
+/// finalizer removes it too, so claims of those versions are left clean.
 pub const ANN_CLASS_RECORD: &str = "wasm-provisioner.dev/storage-class";
 
-/// The claim-finalizer patch: [`finalizer_patch`] for [`FINALIZER_CLAIM`], carrying the class
-/// record when the finalizer goes on and dropping it when it comes off (one write either way).
-pub fn claim_finalizer_patch(
-    uid: &Option<String>,
-    present: bool,
-    record: Option<&str>,
-) -> serde_json::Value {
+/// The claim-finalizer patch: [`finalizer_patch`] for [`FINALIZER_CLAIM`]; taking it off also
+/// drops an earlier version's [`ANN_CLASS_RECORD`] (one write either way).
+pub fn claim_finalizer_patch(uid: &Option<String>, present: bool) -> serde_json::Value {
     let mut patch = finalizer_patch(uid, FINALIZER_CLAIM, present);
-    let value = match (present, record) {
-        (true, Some(record)) => serde_json::Value::String(record.to_string()),
-        (true, None) => return patch,
-        (false, _) => serde_json::Value::Null,
-    };
-    patch["metadata"]["annotations"] = serde_json::json!({ ANN_CLASS_RECORD: value });
+    if !present {
+        patch["metadata"]["annotations"] = serde_json::json!({ ANN_CLASS_RECORD: null });
+    }
     patch
 }
 
-/// The class record of a claim (see [`ANN_CLASS_RECORD`]), if it has a readable one.
-pub fn recorded_class(pvc: &PersistentVolumeClaim) -> Option<StorageClass> {
-    serde_json::from_str(annotation(&pvc.metadata.annotations, ANN_CLASS_RECORD)?).ok()
-}
-
-/// What of a class is recorded on a claim: what a guest's delete reads (name, provisioner,
+/// What of a class an intent-log entry records: what a guest's delete reads (name, provisioner,
 /// parameters, reclaim policy, mount options, binding mode), not its metadata.
 pub fn class_record(class: &StorageClass) -> String {
     let record = StorageClass {
@@ -588,37 +577,16 @@ mod tests {
     }
 
     #[test]
-    fn the_claim_finalizer_carries_the_class_record_on_and_drops_it_off() {
+    fn the_claim_finalizer_goes_on_alone_and_comes_off_with_an_old_class_record() {
         let uid = Some("u1".to_string());
-        let mut fast = class("fast", P, false);
-        fast.parameters = Some([("path".to_string(), "/data".to_string())].into());
-        let record = class_record(&fast);
-        let on = claim_finalizer_patch(&uid, true, Some(&record));
+        let on = claim_finalizer_patch(&uid, true);
         assert_eq!(on["metadata"]["finalizers"][0], FINALIZER_CLAIM);
-        let mut pvc = claim("a").0;
-        pvc.metadata.annotations = Some(
-            [(
-                ANN_CLASS_RECORD.to_string(),
-                on["metadata"]["annotations"][ANN_CLASS_RECORD]
-                    .as_str()
-                    .unwrap()
-                    .to_string(),
-            )]
-            .into(),
-        );
-        let back = recorded_class(&pvc).expect("readable record");
-        assert_eq!(back.metadata.name.as_deref(), Some("fast"));
-        assert_eq!(back.parameters, fast.parameters);
-        let off = claim_finalizer_patch(&uid, false, None);
+        assert!(on["metadata"].get("annotations").is_none(), "{on}");
+        let off = claim_finalizer_patch(&uid, false);
         assert!(off["metadata"]["annotations"][ANN_CLASS_RECORD].is_null());
         assert!(
             off["metadata"]["$deleteFromPrimitiveList/finalizers"][0] == FINALIZER_CLAIM,
             "{off}"
-        );
-        assert!(
-            claim_finalizer_patch(&uid, true, None)["metadata"]
-                .get("annotations")
-                .is_none()
         );
     }
 

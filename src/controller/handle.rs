@@ -151,14 +151,11 @@ impl<'a> Handle<'a> {
     }
 
     /// Adds or removes our claim finalizer in one strategic-merge patch (only our entry of the
-    /// list). Adding is conditional on the claim's resourceVersion and also records `record`
-    /// (what deleting the storage needs if the class goes away meanwhile); removing is
-    /// unconditional and drops that record.
+    /// list). Adding is conditional on the claim's resourceVersion; removing is unconditional.
     pub async fn set_claim_finalizer<E>(
         &self,
         pvc: &PersistentVolumeClaim,
         present: bool,
-        record: Option<&str>,
     ) -> Result<PersistentVolumeClaim, E>
     where
         E: From<GateError> + From<kube::Error>,
@@ -170,7 +167,7 @@ impl<'a> Handle<'a> {
             self.ctx.client.clone(),
             &pvc.namespace().unwrap_or_default(),
         );
-        let mut patch = decide::claim_finalizer_patch(&pvc.metadata.uid, present, record);
+        let mut patch = decide::claim_finalizer_patch(&pvc.metadata.uid, present);
         if present {
             // Only on the claim we decided on: a cache behind the API server (a reschedule or a
             // removal of ours it does not show yet) gets a conflict, never a stale guest call.
@@ -209,7 +206,7 @@ impl<'a> Handle<'a> {
         if let Some(log) = &self.ctx.intents {
             log.done(pvc.metadata.uid.as_deref().unwrap_or_default());
         }
-        self.set_claim_finalizer(pvc, false, None).await
+        self.set_claim_finalizer(pvc, false).await
     }
 
     /// A merge patch of a claim (with whatever precondition it carries); the API answer is the

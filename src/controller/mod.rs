@@ -15,13 +15,12 @@ pub mod failures;
 pub mod gate;
 pub mod handle;
 pub mod inflight;
-pub mod intent;
 pub mod leader;
 pub mod node;
 pub mod plan;
 pub mod ratelimit;
-pub mod recovery;
 mod start;
+pub mod storage;
 pub mod volumes;
 
 use std::sync::{Arc, RwLock};
@@ -43,10 +42,10 @@ use ratelimit::RateLimiter;
 
 pub use start::{run, run_watching, slim};
 
-/// Settles what the intent logs hold for claims that are gone (see [`intent`]); the controller
+/// Settles what the intent logs hold for claims that are gone (see [`storage::intent`]); the controller
 /// runs it periodically while it leads. Returns how many entries were settled.
 pub async fn recover_intents(ctx: &Context) -> Result<usize, kube::Error> {
-    recovery::recover_intents(ctx).await
+    storage::recovery::recover_intents(ctx).await
 }
 
 /// Everything the controller is told by the command line, parsed and validated.
@@ -125,7 +124,7 @@ impl Default for Settings {
 /// mid-provision or a crash between the guest call and the PV create leaks no storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IntentRecord {
-    /// One batched log per replica ([`intent`]): about one API write per claim in all.
+    /// One batched log per replica ([`storage::intent`]): about one API write per claim in all.
     #[default]
     Log,
     /// Our finalizer on the claim, with its class recorded: two writes per claim. Used in
@@ -158,7 +157,7 @@ pub struct Context {
     /// API request budget.
     pub api_rate: Arc<RateLimiter>,
     /// This replica's intent log (`IntentRecord::Log`).
-    pub intents: Option<Arc<intent::IntentLog>>,
+    pub intents: Option<Arc<storage::intent::IntentLog>>,
     /// Our own writes the caches may not show yet (PVs created, claim finalizers set).
     pub recent: RecentWrites,
     /// Claims in flight per class (the class annotation's limit).
@@ -202,7 +201,7 @@ impl Context {
         ));
         let intents = (settings.intent == IntentRecord::Log).then(|| {
             let election = &settings.election;
-            Arc::new(intent::IntentLog::new(
+            Arc::new(storage::intent::IntentLog::new(
                 client.clone(),
                 &election.namespace,
                 &election.lease_name,

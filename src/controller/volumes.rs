@@ -13,15 +13,16 @@ use tracing::info_span;
 use super::Context;
 use super::bookkeeping::{Done, Failure, Operation, Tracked};
 use super::cache::CachedVolume;
-use super::decide::{self, FINALIZER_PV, has_finalizer};
+use super::decide::{self, FINALIZER_PV, Serving, has_finalizer};
 use super::events;
 use super::failures::fingerprint;
 use super::gate::{GateError, LockKey};
 use super::handle::{Handle, PvDeleted};
-use super::intent::{Intent, IntentError, IntentLog, Storage, VolumeIntent};
+use super::storage::intent::{Intent, IntentError, IntentLog, Storage, VolumeIntent};
 use super::node::{self, VolumeOwner};
-use crate::controller::convert::{self, ConvertError};
-use crate::wasm::bindings::types::ProvisionError;
+use super::plan::{self, DeleteOrder, VolumeFacts, VolumePlan};
+use super::storage::{self, Deleted, StorageError};
+use crate::controller::convert::ConvertError;
 use crate::wasm::{Availability, CallError, Guest, Plugins};
 
 /// Why a volume reconcile did not finish.
@@ -48,6 +49,18 @@ pub enum VolumeError {
     /// The intent log could not be written (nothing was deleted).
     #[error(transparent)]
     Intent(#[from] IntentError),
+}
+
+impl From<StorageError> for VolumeError {
+    fn from(error: StorageError) -> Self {
+        if let Some(message) = error.retry_later() {
+            return VolumeError::Transient(message.to_string());
+        }
+        match error {
+            StorageError::Convert(error) => VolumeError::Convert(error),
+            StorageError::Guest(error) => VolumeError::Guest(error),
+        }
+    }
 }
 
 impl Failure for VolumeError {
@@ -154,104 +167,138 @@ pub fn error_policy_cached(
     }
 }
 
+/// What the volume plan reads, answered from the caches, the settings and our recent writes.
+struct Facts<'a> {
+    ctx: &'a Context,
+    plugins: &'a Plugins,
+    pv: &'a PersistentVolume,
+}
+
+impl VolumeFacts for Facts<'_> {
+    fn owner(&self) -> Option<VolumeOwner> {
+        Some(self.ctx.node.as_ref()?.volume_owner(self.pv))
+    }
+
+    fn serving(&self, provisioner: &str) -> Serving {
+        super::claims::serving(self.plugins, provisioner)
+    }
+
+    fn finalizer_mode(&self) -> bool {
+        self.ctx.settings.add_pv_finalizer
+    }
+
+    fn deleted_by_us(&self) -> bool {
+        self.ctx
+            .recent
+            .was_deleted(self.pv.metadata.uid.as_deref().unwrap_or_default())
+    }
+
+    fn entry_fits(&self) -> Option<bool> {
+        let log = self.ctx.intents.as_ref()?;
+        let provisioner = decide::claim_provisioner_of_volume(self.pv).unwrap_or_default();
+        let storage = storage::record(self.pv, self.ctx);
+        Some(log.fits(
+            self.pv.metadata.uid.as_deref().unwrap_or_default(),
+            &deleted_entry(provisioner, self.pv, &storage),
+        ))
+    }
+}
+
+/// Executes the plan for one PV.
 async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, VolumeError> {
     let ctx = handle.ctx();
     let plugins = ctx.plugins();
-    let name = pv.name_any();
-    if let Some(node) = &ctx.node {
-        match node.volume_owner(pv) {
-            VolumeOwner::Mine => {}
-            VolumeOwner::OtherNode | VolumeOwner::NotPinned => return Ok(Done::Nothing),
-            VolumeOwner::NodeGone(gone) => return delete_node_gone(handle, pv, &gone).await,
-        }
-    }
-    let ours = decide::claim_provisioner_of_volume(pv).is_some_and(|p| plugins.serves(p));
-    if ours && let Some(add) = decide::pv_finalizer_change(pv, ctx.settings.add_pv_finalizer) {
-        handle.set_pv_finalizer::<VolumeError>(pv, add).await?;
-        return Ok(Done::Nothing);
-    }
-    let Some(provisioner) =
-        decide::should_delete(pv, |p| plugins.serves(p), ctx.settings.add_pv_finalizer)
-    else {
-        if let (Some(log), Some(uid)) = (&ctx.intents, pv.metadata.uid.as_deref()) {
-            // Recorded ahead and now kept (switched to Retain, bound again): nothing to delete.
-            log.done(uid);
-        }
-        wait_for_guest(handle, pv, &plugins);
-        return Ok(Done::Nothing);
+    let facts = Facts {
+        ctx,
+        plugins: &plugins,
+        pv,
     };
-    if handle.recently_deleted(pv) && !has_finalizer(&pv.metadata.finalizers, FINALIZER_PV) {
-        // Updates sent before our delete landed still arrive: nothing to re-read. (With our PV
-        // finalizer still on it, the removal below is what is left to do.)
-        return Ok(Done::Nothing);
-    }
+    let (provisioner, order) = match plan::plan_volume(pv, &facts) {
+        VolumePlan::Skip(reason) => {
+            tracing::trace!(reason, "not deleting");
+            return Ok(Done::Nothing);
+        }
+        VolumePlan::NodeGone(gone) => return delete_node_gone(handle, pv, &gone).await,
+        VolumePlan::SetFinalizer(add) => {
+            handle.set_pv_finalizer::<VolumeError>(pv, add).await?;
+            return Ok(Done::Nothing);
+        }
+        VolumePlan::Keep => {
+            forget_entry(ctx, pv);
+            return Ok(Done::Nothing);
+        }
+        VolumePlan::WaitForGuest(provisioner) => {
+            forget_entry(ctx, pv);
+            wait_for_guest(handle, pv, provisioner, &plugins);
+            return Ok(Done::Nothing);
+        }
+        VolumePlan::Delete { provisioner, order } => (provisioner, order),
+    };
     let guest = plugins
         .for_provisioner(provisioner)
-        .expect("served")
+        .expect("planned for a served provisioner")
         .clone();
     tracing::Span::current().record("guest", guest.name());
-    let volume = convert::volume(pv)?;
     if !handle
-        .guest(guest.should_delete(&volume))
+        .guest(storage::guard(&guest, pv))
         .await?
-        .map_err(VolumeError::Guest)?
+        .map_err(VolumeError::from)?
     {
         tracing::debug!("guest's deletion guard kept the volume");
-        if let (Some(log), Some(uid)) = (&ctx.intents, pv.metadata.uid.as_deref()) {
-            // Recorded ahead of its turn: there is nothing to delete.
-            log.done(uid);
-        }
+        forget_entry(ctx, pv);
         return Ok(Done::Nothing);
     }
-    if let Some(log) = &ctx.intents
-        && !ctx.settings.add_pv_finalizer
-    {
-        let storage = super::recovery::storage_record(pv, ctx);
-        if log.fits(
-            pv.metadata.uid.as_deref().unwrap_or_default(),
-            &deleted_entry(provisioner, pv, &storage),
-        ) {
+    let live = match order {
+        DeleteOrder::PvFirst => {
+            let log = ctx.intents.as_ref().expect("planned with a log");
+            let storage = storage::record(pv, ctx);
             return delete_pv_first(handle, pv, &guest, provisioner, log, storage).await;
         }
-        // Too large to record (a PV with huge annotations): storage first, then the PV.
-        tracing::info!("volume too large for the intent log; deleting its storage before its PV");
-    }
-    // PV-finalizer mode: our finalizer holds the PV until its storage is gone, so it is marked
-    // for deletion first, with the version decided on as precondition (the API server's own check
-    // that the cache was not behind), and the finalizer comes off once the storage is gone: two
-    // requests, and a failed delete stays in sight as a Terminating PV with its events.
-    let behind_finalizer = ctx.settings.add_pv_finalizer
-        && has_finalizer(&pv.metadata.finalizers, FINALIZER_PV)
-        && pv.metadata.deletion_timestamp.is_none();
-    let live = if behind_finalizer {
-        match handle.delete_pv_unchanged::<VolumeError>(pv).await? {
-            PvDeleted::Now => pv.clone(),
-            PvDeleted::Changed | PvDeleted::Gone => return Ok(Done::Nothing),
+        DeleteOrder::BehindFinalizer => {
+            // Marked for deletion first, with the version decided on as precondition (the API
+            // server's own check that the cache was not behind); the finalizer comes off once
+            // the storage is gone, and a failed delete stays in sight as a Terminating PV.
+            match handle.delete_pv_unchanged::<VolumeError>(pv).await? {
+                PvDeleted::Now => pv.clone(),
+                PvDeleted::Changed | PvDeleted::Gone => return Ok(Done::Nothing),
+            }
         }
-    } else {
-        // Re-read from the API server: the cache may be behind (the PV rebound, already deleted).
-        let Some(live) = handle.get_pv(&name).await? else {
-            return Ok(Done::Nothing);
-        };
-        if live.metadata.uid != pv.metadata.uid
-            || decide::should_delete(&live, |p| plugins.serves(p), ctx.settings.add_pv_finalizer)
+        DeleteOrder::StorageFirst => {
+            // Re-read from the API server: the cache may be behind (rebound, already deleted).
+            let Some(live) = handle.get_pv(&pv.name_any()).await? else {
+                return Ok(Done::Nothing);
+            };
+            if live.metadata.uid != pv.metadata.uid
+                || decide::should_delete(
+                    &live,
+                    |p| plugins.serves(p),
+                    ctx.settings.add_pv_finalizer,
+                )
                 .is_none()
-        {
-            return Ok(Done::Nothing);
+            {
+                return Ok(Done::Nothing);
+            }
+            live
         }
-        live
     };
     let class = ctx.class(&class_name_of(&live));
     if !delete_storage(handle, &live, &guest, class.as_deref()).await? {
         return Ok(Done::Nothing);
     }
-    if behind_finalizer {
+    if order == DeleteOrder::BehindFinalizer {
         handle.set_pv_finalizer::<VolumeError>(&live, false).await?;
     } else {
         remove_pv(handle, &live).await?;
     }
     tracing::info!(guest = guest.name(), "volume deleted");
     Ok(Done::Succeeded)
+}
+
+/// A volume that is not to be deleted may have been recorded ahead of its turn: its entry goes.
+fn forget_entry(ctx: &Context, pv: &PersistentVolume) {
+    if let (Some(log), Some(uid)) = (&ctx.intents, pv.metadata.uid.as_deref()) {
+        log.done(uid);
+    }
 }
 
 /// Intent-log mode: the PV goes first, then its storage, at one request per volume where a
@@ -412,29 +459,24 @@ async fn delete_storage(
     guest: &Guest,
     class: Option<&StorageClass>,
 ) -> Result<bool, VolumeError> {
-    let request = convert::delete_request(pv, class, guest.grants().config_json.clone())?;
-    match handle.guest(guest.delete(&request)).await? {
-        Ok(()) => Ok(true),
-        Err(CallError::Guest {
-            error: ProvisionError::Ignored(reason),
-            ..
-        }) => {
+    match handle.guest(storage::delete(guest, pv, class)).await? {
+        Ok(Deleted::Gone) => Ok(true),
+        Ok(Deleted::NotHeld(reason)) => {
             tracing::debug!(%reason, "guest ignored the volume");
             Ok(false)
         }
-        Err(CallError::Guest {
-            error: ProvisionError::Transient(m) | ProvisionError::InBackground(m),
-            ..
-        }) => Err(VolumeError::Transient(m)),
         Err(error) => {
-            handle.event(
-                &pv.object_ref(&()),
-                true,
-                events::VOLUME_FAILED_DELETE,
-                "Delete",
-                error.to_string(),
-            );
-            Err(VolumeError::Guest(error))
+            let error = VolumeError::from(error);
+            if let VolumeError::Guest(call) = &error {
+                handle.event(
+                    &pv.object_ref(&()),
+                    true,
+                    events::VOLUME_FAILED_DELETE,
+                    "Delete",
+                    call.to_string(),
+                );
+            }
+            Err(error)
         }
     }
 }
@@ -526,12 +568,12 @@ async fn delete_node_gone(
 
 /// A volume that would be deleted if its guest were loaded gets an event saying it waits; a
 /// plugins reload re-runs every volume, so it is deleted once the guest is back.
-fn wait_for_guest(handle: &Handle<'_>, pv: &PersistentVolume, plugins: &Plugins) {
-    let finalizer_mode = handle.ctx().settings.add_pv_finalizer;
-    let unavailable = |p: &str| matches!(plugins.availability(p), Availability::Unavailable(_));
-    let Some(provisioner) = decide::should_delete(pv, unavailable, finalizer_mode) else {
-        return;
-    };
+fn wait_for_guest(
+    handle: &Handle<'_>,
+    pv: &PersistentVolume,
+    provisioner: &str,
+    plugins: &Plugins,
+) {
     let why = plugins.why_not_served(provisioner);
     handle.event(
         &pv.object_ref(&()),

@@ -23,7 +23,7 @@ use wasm_provisioner::controller::cache::{self, CachedVolume};
 use wasm_provisioner::controller::claims::{self, ClaimError};
 use wasm_provisioner::controller::decide::{ANN_CLASS_RECORD, FINALIZER_CLAIM, FINALIZER_PV};
 use wasm_provisioner::controller::gate::Mode;
-use wasm_provisioner::controller::intent::{Intent, IntentLog, Storage};
+use wasm_provisioner::controller::storage::intent::{Intent, IntentLog, Storage};
 use wasm_provisioner::controller::plan::ANN_MAX_IN_FLIGHT;
 use wasm_provisioner::controller::{Caches, Context, IntentRecord, Settings, volumes};
 use wasm_provisioner::metrics::{Metrics, Queue};
@@ -271,7 +271,7 @@ fn requeue_after(action: &Action) -> Option<Duration> {
 }
 
 #[tokio::test]
-async fn a_claim_is_provisioned_with_three_writes_and_its_class_recorded_with_the_intent() {
+async fn a_claim_is_provisioned_with_three_writes_the_finalizer_alone_first() {
     let mut world = World::new(settings(), "");
     world.class("fast", json!({}), json!({}));
     let pvc = world.claim(claim_of("data", "fast", P));
@@ -289,11 +289,14 @@ async fn a_claim_is_provisioned_with_three_writes_and_its_class_recorded_with_th
     );
     let intent =
         &world.api.requests()[calls.iter().position(|c| c.starts_with("PATCH")).unwrap()].body;
+    assert_eq!(
+        intent["metadata"]["finalizers"],
+        json!([FINALIZER_CLAIM]),
+        "{intent}"
+    );
     assert!(
-        intent["metadata"]["annotations"][ANN_CLASS_RECORD]
-            .as_str()
-            .is_some_and(|r| r.contains("\"fast\"")),
-        "the class is recorded with the finalizer: {intent}"
+        intent["metadata"].get("annotations").is_none(),
+        "nothing but the finalizer is written: {intent}"
     );
     assert!(world.api.get(&pv_path("pvc-u-data")).is_some());
     assert!(world.finalizers("data").is_empty());
@@ -497,8 +500,12 @@ async fn a_class_limit_holds_its_own_claims_and_not_the_others() {
     assert!(world.api.get(&pv_path("pvc-u-s2")).is_some());
 }
 
+/// Claim-finalizer mode: the guest answered `transient` (storage may exist), then the claim was
+/// deleted. Nothing records what the guest built, so nothing is deleted: the guest is not asked
+/// again (before, it was asked to provision once more and what it answered was deleted), the
+/// claim is released and an event says its storage is kept.
 #[tokio::test]
-async fn a_deleted_claim_whose_class_is_gone_is_cleaned_up_from_its_record() {
+async fn a_deleted_claim_whose_guest_may_hold_storage_keeps_it_and_says_so() {
     let mut world = World::new(settings(), "");
     world.class(
         "fast",
@@ -511,24 +518,24 @@ async fn a_deleted_claim_whose_class_is_gone_is_cleaned_up_from_its_record() {
         .await
         .expect_err("transient: storage may exist");
     assert_eq!(world.finalizers("data"), [FINALIZER_CLAIM]);
-    // The class goes, then the claim is deleted.
+    let before = world.guest_calls();
     world.drop_class("fast");
     let mut deleted = world.api.get(&claim_path("data")).unwrap();
     deleted["metadata"]["deletionTimestamp"] = json!("2026-12-03T00:00:00Z");
     world.api.put(&claim_path("data"), deleted);
     let deleted = world.sync_claim("data");
-    world.provision(&deleted).await.expect("cleaned up");
+    world.provision(&deleted).await.expect("released");
     assert!(world.finalizers("data").is_empty(), "released");
-    let calls = world.guest_calls();
-    assert!(
-        calls.contains("delete"),
-        "the guest deleted the storage: {calls}"
+    assert_eq!(
+        world.guest_calls(),
+        before,
+        "no guest call for a deleted claim"
     );
     assert!(
         world
             .events()
             .await
-            .contains(&"ProvisioningAbandoned".to_string())
+            .contains(&"StorageKept".to_string())
     );
 }
 

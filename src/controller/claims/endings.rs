@@ -1,5 +1,6 @@
-//! The claim path's endings: saving the PV a guest built (or deleting its storage when that
-//! fails), cleaning up after a claim deleted mid-provision, and releasing our finalizer.
+//! The claim path's endings: saving the PV a guest built (or deleting that storage when the PV
+//! cannot be saved), deleting it when the claim went while the guest worked, and releasing our
+//! finalizer from a deleted claim.
 
 use std::sync::Arc;
 
@@ -7,15 +8,14 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::{Api, Resource, ResourceExt};
 
-use super::{ClaimError, provision_request, warn_claim};
+use super::{ClaimError, warn_claim};
 use crate::controller::bookkeeping::Done;
-use crate::controller::convert::{self, PvIdentity};
 use crate::controller::decide;
 use crate::controller::events;
 use crate::controller::gate::GateError;
 use crate::controller::handle::Handle;
-use crate::wasm::bindings::types::{DeleteRequest, ProvisionError};
-use crate::wasm::{CallError, Guest};
+use crate::controller::storage::{self, StorageError};
+use crate::wasm::Guest;
 
 /// Saves the PV, retrying `--create-pv-retry-count` times; if it cannot be saved, its storage is
 /// deleted again so nothing is left without a PV.
@@ -105,7 +105,7 @@ pub(super) async fn abandon_deleted_while_provisioning(
     let pv_name = pv.name_any();
     tracing::info!(pv = %pv_name, "claim deleted while provisioning; deleting the new storage");
     handle
-        .guest(delete_storage(guest, pv, Some(class)))
+        .guest(storage::delete(guest, pv, Some(class)))
         .await?
         .map_err(|source| ClaimError::Cleanup {
             pv: pv_name.clone(),
@@ -124,115 +124,35 @@ pub(super) async fn abandon_deleted_while_provisioning(
     Ok(Done::Nothing)
 }
 
-/// A claim with our finalizer is being deleted: make sure no storage outlives it. Its class may
-/// be gone by now: the record written with the finalizer stands in for it.
+/// A claim with our finalizer is being deleted, and no reconcile of this process is working on
+/// it: its guest was called (the finalizer went on before the call) and no PV records what it
+/// built. Nothing else does: in this mode the claim carries the intent, not what was built, and
+/// the guest is not asked again (its answer could name storage a live object uses). So the claim
+/// is released and its storage, if any, kept, with an event saying so; a PV that does exist
+/// decides by its own reclaim policy.
 pub(super) async fn finish_deleted_claim(
     handle: &Handle<'_>,
     pvc: &PersistentVolumeClaim,
 ) -> Result<Done, ClaimError> {
-    let ctx = handle.ctx();
-    // Finished already, by us a moment ago if the cache still shows the finalizer: cleaning up
-    // again would call the guest for storage nobody is left to delete if we crash meanwhile.
+    // Finished already, by us a moment ago if the cache still shows the finalizer.
     if !handle.holds_claim_finalizer(pvc) {
         return Ok(Done::Nothing);
     }
     let pv_name = decide::pv_name(pvc).ok_or(ClaimError::NoUid)?;
     if handle.get_pv(&pv_name).await?.is_some() {
-        // The PV exists: its reclaim policy now decides what happens to the storage.
         handle.release_claim::<ClaimError>(pvc).await?;
         return Ok(Done::Nothing);
     }
-    let plugins = ctx.plugins();
-    let provisioner = decide::claim_provisioner(pvc)
-        .unwrap_or_default()
-        .to_string();
-    let class_name = decide::claim_class(pvc).unwrap_or_default().to_string();
-    let Some(guest) = plugins.for_provisioner(&provisioner).cloned() else {
-        // Our finalizer says this claim is ours and only its guest can clean up: wait for it
-        // (a plugins reload re-runs every claim) rather than fail. `release-finalizers` is
-        // the operator's way out if it never comes back.
-        let why = plugins.why_not_served(&provisioner);
-        handle.event(
-            &pvc.object_ref(&()),
-            true,
-            events::WAITING_FOR_GUEST,
-            "Delete",
-            format!(
-                "No guest serves {provisioner} right now ({why}); the storage of this deleted claim is cleaned up once a guest for it is loaded again"
-            ),
-        );
-        return Ok(Done::Nothing);
-    };
-    let class = ctx
-        .class(&class_name)
-        .map(|c| (*c).clone())
-        .or_else(|| decide::recorded_class(pvc));
-    let Some(class) = class else {
-        let error = ClaimError::ClassNotFound(format!(
-            "{class_name} (needed to clean up storage of the deleted claim, which has no record of it)"
-        ));
-        warn_claim(
-            handle,
-            pvc,
-            events::PROVISIONING_CLEANUP_FAILED,
-            error.to_string(),
-        );
-        return Err(error);
-    };
-    // Provision is idempotent: asking again yields the description of whatever storage an
-    // interrupted attempt created, which is what delete needs.
-    let request = provision_request(pvc, &class, &guest, &pv_name)?;
-    match handle.guest(guest.provision(&request)).await? {
-        Ok(built) => {
-            let pv = convert::persistent_volume(
-                &PvIdentity {
-                    name: &pv_name,
-                    claim: pvc,
-                    class: &class,
-                    class_name: &class_name,
-                },
-                &built,
-            );
-            // The claim still exists (our finalizer holds it), so no namesake can; but a PV
-            // left from an earlier claim may name the same storage: that one is not ours.
-            if let Some(other) = crate::controller::recovery::other_volume_naming(ctx, &pv) {
-                handle.event(
-                    &pvc.object_ref(&()),
-                    true,
-                    events::STORAGE_KEPT,
-                    "Delete",
-                    format!("Storage kept: PV {other} names the storage the guest describes for {pv_name}"),
-                );
-                handle.release_claim::<ClaimError>(pvc).await?;
-                return Ok(Done::Nothing);
-            }
-            handle
-                .guest(delete_storage(&guest, &pv, Some(&class)))
-                .await?
-                .map_err(|source| ClaimError::Cleanup {
-                    pv: pv_name.clone(),
-                    source,
-                })?;
-            tracing::info!(pv = %pv_name, "deleted storage of a claim deleted mid-provision");
-        }
-        Err(CallError::Guest {
-            error: ProvisionError::Transient(m) | ProvisionError::InBackground(m),
-            ..
-        }) => return Err(ClaimError::Transient(m)),
-        Err(error @ CallError::Fault { .. }) => return Err(ClaimError::Guest(error)),
-        Err(error) => {
-            // The guest refuses the claim outright, so it holds no storage for it.
-            tracing::info!(%error, "guest holds no storage for the deleted claim");
-        }
-    }
     handle.release_claim::<ClaimError>(pvc).await?;
+    let provisioner = decide::claim_provisioner(pvc).unwrap_or_default();
+    tracing::warn!(pv = %pv_name, "claim deleted mid-provision with nothing recorded of its storage; keeping whatever its guest built");
     handle.event(
         &pvc.object_ref(&()),
-        false,
-        events::PROVISIONING_ABANDONED,
-        "Provision",
+        true,
+        events::STORAGE_KEPT,
+        "Delete",
         format!(
-            "Claim was deleted before its volume was created; storage for {pv_name} was cleaned up"
+            "Storage kept: the claim was deleted before its volume {pv_name} was created, and nothing records what the guest for {provisioner} built for it (a guest is never asked again what to delete); check that guest's storage for {pv_name}"
         ),
     );
     Ok(Done::Nothing)
@@ -291,47 +211,19 @@ pub(super) async fn release_if_pv_exists(
     Ok(())
 }
 
-fn delete_request(
-    guest: &Guest,
-    pv: &PersistentVolume,
-    class: Option<&StorageClass>,
-) -> Result<DeleteRequest, CallError> {
-    convert::delete_request(pv, class, guest.grants().config_json.clone()).map_err(|e| {
-        CallError::Rejected {
-            guest: guest.name().to_string(),
-            message: e.to_string(),
-        }
-    })
-}
-
-/// Deletes the storage a guest described; a guest that ignores it holds none.
-pub(in crate::controller) async fn delete_storage(
-    guest: &Guest,
-    pv: &PersistentVolume,
-    class: Option<&StorageClass>,
-) -> Result<(), CallError> {
-    let request = delete_request(guest, pv, class)?;
-    match guest.delete(&request).await {
-        Err(CallError::Guest {
-            error: ProvisionError::Ignored(_),
-            ..
-        }) => Ok(()),
-        other => other,
-    }
-}
-
+/// Deletes the storage of a PV that could not be saved, with the PV create's retry budget.
 async fn delete_storage_with_retries(
     handle: &Handle<'_>,
     guest: &Guest,
     pv: &PersistentVolume,
     class: Option<&StorageClass>,
-) -> Result<Result<(), CallError>, GateError> {
+) -> Result<Result<(), StorageError>, GateError> {
     let ctx = handle.ctx();
     let attempts = ctx.settings.create_pv_retry_count.max(1);
     let mut attempt = 1;
     loop {
-        match handle.guest(delete_storage(guest, pv, class)).await? {
-            Ok(()) => return Ok(Ok(())),
+        match handle.guest(storage::delete(guest, pv, class)).await? {
+            Ok(_) => return Ok(Ok(())),
             Err(error) if attempt >= attempts => return Ok(Err(error)),
             Err(error) => {
                 tracing::warn!(%error, attempt, attempts, "deleting storage of an unsaved PV failed");

@@ -3,7 +3,8 @@
 use crate::controller::bookkeeping::Failure;
 use crate::controller::convert::ConvertError;
 use crate::controller::gate::GateError;
-use crate::controller::intent::IntentError;
+use crate::controller::storage::StorageError;
+use crate::controller::storage::intent::IntentError;
 use crate::wasm::CallError;
 
 /// Why a claim reconcile did not finish.
@@ -35,9 +36,9 @@ pub enum ClaimError {
     Cleanup {
         /// The PV name.
         pv: String,
-        /// The guest's error.
+        /// Why the delete failed.
         #[source]
-        source: CallError,
+        source: StorageError,
     },
     /// The claim cannot be expressed in the contract.
     #[error("the claim cannot be provisioned as written: {0}")]

@@ -10,7 +10,7 @@ use super::{ClaimError, Facts, claim_fingerprint};
 use crate::controller::Context;
 use crate::controller::decide;
 use crate::controller::handle::Handle;
-use crate::controller::intent::{Intent, IntentLog, Storage};
+use crate::controller::storage::intent::{Intent, IntentLog, Storage};
 use crate::controller::plan::{self, ClaimPlan};
 use crate::wasm::{CallError, Plugins};
 

@@ -1,15 +1,18 @@
 //! The provision path: one reconcile per claim, from "is it ours?" to a created PV.
 //!
-//! Intent is recorded durably before any guest call: our finalizer on the claim, with a record of
-//! its class. It is present only while storage may exist: it comes off once the PV exists, the
-//! storage is gone, or the guest says it holds none (a final refusal, a rejected volume, a
-//! give-up). So a claim deleted mid-provision, or a controller killed between the guest call and
-//! the PV create, ends with exactly one PV or no storage, and no claim is left stuck.
+//! Intent is recorded durably before any guest call: an entry in this replica's intent log, or
+//! our finalizer on the claim (per-claim and node modes). Storage is deleted only from what a
+//! guest call returned: at once when the claim went while its guest worked or its PV could not
+//! be created, later by recovery from the log entry that recorded it. A claim deleted after a
+//! crash mid-call keeps whatever its guest may have built, and an event says so: a guest is never
+//! asked again what to delete (its answer could name storage a live object uses). No claim is
+//! left stuck: the finalizer comes off once the PV exists, the storage is gone, the guest holds
+//! none, or the claim is deleted.
 //!
 //! What to do is decided once by [`plan::plan_claim`]; the guest's refusals are mapped by
 //! [`plan::react`]; this module executes, every write through the reconcile's [`Handle`]. Its
-//! parts: `error` (why a reconcile did not finish), `request` (what a guest is handed),
-//! `intents` (the claim's intent-log entry), `endings` (saving the PV, or the storage's cleanup).
+//! parts: `error` (why a reconcile did not finish), `intents` (the claim's intent-log entry),
+//! `endings` (saving the PV, the cleanup of unsaved storage, releasing a deleted claim).
 
 use std::sync::Arc;
 
@@ -29,18 +32,17 @@ use super::gate::LockKey;
 use super::handle::Handle;
 use super::node::{ClaimOwner, Pin};
 use super::plan::{self, ClaimFacts, ClaimPlan, DeletedOwner, Reaction};
+use super::storage::{self, Qualified, StorageError};
 use super::{Context, IntentRecord};
-use crate::controller::convert::{self, PvIdentity};
+use crate::controller::convert::PvIdentity;
 use crate::wasm::bindings::types::ProvisionError;
 use crate::wasm::{Availability, CallError, Guest, Plugins};
 
 pub(super) mod endings;
 mod error;
 mod intents;
-mod request;
 
 pub use error::ClaimError;
-pub(crate) use request::{provision_request, warn_claim};
 
 /// The data-source kind of a claim, the library's `source` metric label ("" without one).
 fn source_kind(pvc: &PersistentVolumeClaim) -> String {
@@ -284,49 +286,43 @@ async fn call_guest(
     let Some(_slot) = ctx.in_flight.try_acquire(class) else {
         return Ok(Done::RetryIn(busy_wait()));
     };
-    if decide::wants_block(pvc)
-        && !handle
-            .guest(guest.supports_block())
-            .await?
-            .map_err(ClaimError::Guest)?
+    let request = match handle
+        .guest(storage::qualify(guest, pvc, class, &pv_name))
+        .await?
     {
-        let uid = pvc.metadata.uid.clone().unwrap_or_default();
-        ctx.claim_book.give_up(&uid, claim_fingerprint(pvc, ctx));
-        handle.release_claim::<ClaimError>(pvc).await?;
-        warn_claim(
-            handle,
-            pvc,
-            events::PROVISIONING_FAILED,
-            format!(
-                "{} does not support block volume provisioning",
-                class.provisioner
-            ),
-        );
-        return Ok(Done::Nothing);
-    }
-    let request = match provision_request(pvc, class, guest, &pv_name) {
-        Ok(request) => request,
-        Err(error) => {
-            handle.gate().await?;
+        Ok(Qualified::Ready(request)) => request,
+        Ok(Qualified::NoBlock) => {
+            let uid = pvc.metadata.uid.clone().unwrap_or_default();
+            ctx.claim_book.give_up(&uid, claim_fingerprint(pvc, ctx));
+            handle.release_claim::<ClaimError>(pvc).await?;
+            warn_claim(
+                handle,
+                pvc,
+                events::PROVISIONING_FAILED,
+                format!(
+                    "{} does not support block volume provisioning",
+                    class.provisioner
+                ),
+            );
+            return Ok(Done::Nothing);
+        }
+        Ok(Qualified::Declined) => {
+            tracing::debug!("guest's qualifier declined the claim");
+            handle.release_claim::<ClaimError>(pvc).await?;
+            return Ok(Done::Nothing);
+        }
+        Err(StorageError::Convert(error)) => {
+            let error = ClaimError::Convert(error);
             warn_claim(handle, pvc, events::PROVISIONING_FAILED, error.to_string());
             return Err(error);
         }
+        Err(StorageError::Guest(error)) => return Err(ClaimError::Guest(error)),
     };
-    if !handle
-        .guest(guest.should_provision(&request.claim, &request.storage_class))
-        .await?
-        .map_err(ClaimError::Guest)?
-    {
-        tracing::debug!("guest's qualifier declined the claim");
-        handle.release_claim::<ClaimError>(pvc).await?;
-        return Ok(Done::Nothing);
-    }
 
     let pvc = match (ctx.settings.intent, &ctx.intents) {
         (IntentRecord::ClaimFinalizer, _) => {
-            let record = decide::class_record(class);
             match handle
-                .set_claim_finalizer::<ClaimError>(pvc, true, Some(&record))
+                .set_claim_finalizer::<ClaimError>(pvc, true)
                 .await
             {
                 Ok(updated) => updated,
@@ -367,8 +363,17 @@ async fn call_guest(
         ),
     );
 
-    let built = match handle.guest(guest.provision(&request)).await? {
-        Ok(built) => built,
+    let identity = PvIdentity {
+        name: &pv_name,
+        claim: &pvc,
+        class: class.as_ref(),
+        class_name: &class_name,
+    };
+    let pv = match handle
+        .guest(storage::build(guest, &request, &identity))
+        .await?
+    {
+        Ok(pv) => pv,
         Err(CallError::Guest { error, guest: name }) => {
             return react(handle, &pvc, name, error).await;
         }
@@ -382,15 +387,6 @@ async fn call_guest(
             return Err(ClaimError::Guest(error));
         }
     };
-    let pv = convert::persistent_volume(
-        &PvIdentity {
-            name: &pv_name,
-            claim: &pvc,
-            class: class.as_ref(),
-            class_name: &class_name,
-        },
-        &built,
-    );
     intents::record_built(ctx, &pvc, &pv, class);
 
     // The claim may have been deleted while the guest worked: then the storage goes, no PV.
@@ -536,4 +532,14 @@ fn finalizers_without(pvc: &PersistentVolumeClaim) -> Vec<String> {
         .filter(|f| *f != FINALIZER_CLAIM)
         .cloned()
         .collect()
+}
+
+/// A warning event on a claim.
+pub(crate) fn warn_claim(
+    handle: &Handle<'_>,
+    pvc: &PersistentVolumeClaim,
+    reason: &str,
+    note: String,
+) {
+    handle.event(&pvc.object_ref(&()), true, reason, "Provision", note);
 }

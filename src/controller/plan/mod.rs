@@ -1,5 +1,10 @@
-//! The claim decision, once, as a pure function returning a [`ClaimPlan`]; and the guest's typed
-//! refusals mapped to [`Reaction`]s by another. The claim reconcile only executes what these say.
+//! The claim decision, once, as a pure function returning a [`ClaimPlan`]; the guest's typed
+//! refusals mapped to [`Reaction`]s by another; and the volume decision ([`volume`]). The
+//! reconciles only execute what these say.
+
+pub mod volume;
+
+pub use volume::{DeleteOrder, VolumeFacts, VolumePlan, plan_volume};
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -50,7 +55,7 @@ pub enum ClaimPlan<'a> {
     WaitForGuest(&'a str),
     /// Ours, but its class is unknown: a counted failure.
     ClassMissing(&'a str),
-    /// Deleted with our finalizer: delete whatever storage an attempt made, then release.
+    /// Deleted with our finalizer: release it (what an attempt may have built is kept, unrecorded).
     FinishDeleted(&'a str),
     /// Deleted with our finalizer, and its node is gone (node mode): release without a guest.
     FinishDeletedNodeGone(String),

@@ -15,14 +15,12 @@
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use kube::runtime::reflector::ObjectRef;
 
-use super::Context;
-use super::cache::{self, CachedVolume};
-use super::events;
-use super::gate::LockKey;
-use super::handle::Handle;
+use crate::controller::Context;
+use crate::controller::cache::{self, CachedVolume};
+use crate::controller::events;
+use crate::controller::gate::LockKey;
+use crate::controller::handle::Handle;
 use super::intent::{ClaimIntent, Intent, IntentLog, Storage, VolumeIntent};
-use crate::controller::convert;
-use crate::wasm::CallError;
 
 /// Why one entry could not be settled this time.
 #[derive(Debug, thiserror::Error)]
@@ -30,15 +28,12 @@ pub enum RecoveryError {
     /// An API request failed.
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
-    /// The guest could not delete the storage.
+    /// The guest could not delete the storage (or the record cannot be expressed to it).
     #[error(transparent)]
-    Guest(CallError),
-    /// The recorded PV cannot be expressed in the contract.
-    #[error(transparent)]
-    Convert(#[from] convert::ConvertError),
+    Storage(#[from] super::StorageError),
     /// This replica may not write now.
     #[error(transparent)]
-    Gate(#[from] super::gate::GateError),
+    Gate(#[from] crate::controller::gate::GateError),
     /// The entry's new state could not be recorded.
     #[error(transparent)]
     Intent(#[from] super::intent::IntentError),
@@ -192,7 +187,7 @@ fn facts_of(ctx: &Context, log: &IntentLog, key: &str, intent: &Intent) -> Entry
         let uid = cached_uid(&cached);
         let queued = cached
             .whole()
-            .is_some_and(|pv| super::volumes::queued_for_delete(ctx, &plugins, pv).is_some());
+            .is_some_and(|pv| crate::controller::volumes::queued_for_delete(ctx, &plugins, pv).is_some());
         (uid, queued)
     });
     let claim = match intent {
@@ -306,26 +301,23 @@ async fn delete_recorded(
         tracing::info!(pv = %intent.pv(), provisioner = %intent.provisioner(), "recorded storage waits for its guest");
         return Ok(false);
     };
-    let volume = convert::volume(&storage.volume)?;
     if let Intent::Volume(_) = intent
         && !handle
-            .guest(guest.should_delete(&volume))
-            .await?
-            .map_err(RecoveryError::Guest)?
+            .guest(super::guard(&guest, &storage.volume))
+            .await??
     {
         keep(handle, key, intent, "the guest's deletion guard keeps it");
         return Ok(true);
     }
-    let deleted =
-        super::claims::endings::delete_storage(&guest, &storage.volume, storage.class.as_ref());
+    let deleted = super::delete(&guest, &storage.volume, storage.class.as_ref());
     match handle.guest(deleted).await? {
-        Ok(()) => {
+        Ok(_) => {
             tracing::info!(pv = %intent.pv(), guest = guest.name(), "deleted recorded storage (intent log)");
             Ok(true)
         }
         Err(error) => {
             failed(handle, log, key, intent, &error.to_string())?;
-            Err(RecoveryError::Guest(error))
+            Err(error.into())
         }
     }
 }
@@ -407,16 +399,6 @@ async fn live_owner(
         }
     }
     Ok(None)
-}
-
-/// The storage a PV names, for a volume entry's record.
-pub fn storage_record(pv: &PersistentVolume, ctx: &Context) -> Storage {
-    let class = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.storage_class_name.as_deref())
-        .and_then(|name| ctx.class(name));
-    Storage::of(pv, class.as_deref())
 }
 
 #[cfg(test)]

@@ -199,7 +199,7 @@ impl Storage {
 }
 
 fn slim_class(class: &StorageClass) -> StorageClass {
-    serde_json::from_str(&super::super::decide::class_record(class)).unwrap_or_default()
+    serde_json::from_str(&crate::controller::decide::class_record(class)).unwrap_or_default()
 }
 
 /// `text` cut to at most `max` bytes on a character boundary.

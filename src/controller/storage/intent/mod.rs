@@ -23,7 +23,7 @@ use kube::{Api, Client, ResourceExt};
 pub use entry::{ClaimIntent, Intent, Retries, Storage, VolumeIntent};
 use entry::{MAX_ENTRY_BYTES, MAX_LOG_BYTES};
 
-use super::ratelimit::RateLimiter;
+use crate::controller::ratelimit::RateLimiter;
 
 /// Label on intent logs; its value is the lease name, which names one provisioner deployment.
 pub const LOG_LABEL: &str = "wasm-provisioner.dev/intents";

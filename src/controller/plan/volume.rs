@@ -1,0 +1,315 @@
+//! The volume decision, once, as a pure function returning a [`VolumePlan`]: whose PV this is,
+//! whether our finalizer should change, whether its storage is to be deleted, and in which order.
+//! The volume reconcile only executes what it says.
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+
+use crate::controller::decide::{self, FINALIZER_PV, Serving, has_finalizer};
+use crate::controller::node::VolumeOwner;
+
+/// What the plan reads about the world; the shell answers from caches, settings and its own
+/// recent writes.
+pub trait VolumeFacts {
+    /// Node mode: whose volume this is (`None` outside node mode).
+    fn owner(&self) -> Option<VolumeOwner>;
+    /// Whether a provisioner name is served here.
+    fn serving(&self, provisioner: &str) -> Serving;
+    /// `--add-pv-finalizer`: our finalizer holds a `Delete` PV until its storage is gone.
+    fn finalizer_mode(&self) -> bool;
+    /// Our own DELETE of this PV (this UID) landed a moment ago.
+    fn deleted_by_us(&self) -> bool;
+    /// Intent-log mode: whether this volume's entry, with what deleting its storage needs, fits
+    /// the log (`None`: no intent log).
+    fn entry_fits(&self) -> Option<bool>;
+}
+
+/// In which order a volume's storage and its PV go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteOrder {
+    /// Intent-log mode: the entry recorded, the PV deleted with its version as precondition,
+    /// then the storage (one request per volume).
+    PvFirst,
+    /// Our finalizer holds the PV: it is marked deleted (version as precondition), then the
+    /// storage goes, then the finalizer.
+    BehindFinalizer,
+    /// The live PV re-read, the storage deleted, then the PV (no log, or the entry too large).
+    StorageFirst,
+}
+
+/// What to do with a PV.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumePlan<'a> {
+    /// Nothing: another node's, or deleted by us a moment ago.
+    Skip(&'static str),
+    /// Node mode: pinned to a node that no longer exists; its storage went with it.
+    NodeGone(String),
+    /// Add (`true`) or remove our PV finalizer.
+    SetFinalizer(bool),
+    /// Not to be deleted (not Released with `Delete`, or not ours): an intent-log entry recorded
+    /// ahead for it goes, nothing is deleted.
+    Keep,
+    /// To be deleted, but its guest is gone for now: say so and wait for a reload.
+    WaitForGuest(&'a str),
+    /// Ask the guest's deletion guard, then delete in this order.
+    Delete {
+        /// The provisioner whose guest deletes the storage.
+        provisioner: &'a str,
+        /// In which order storage and PV go.
+        order: DeleteOrder,
+    },
+}
+
+/// Decides what to do with a PV.
+pub fn plan_volume<'a>(pv: &'a PersistentVolume, facts: &impl VolumeFacts) -> VolumePlan<'a> {
+    match facts.owner() {
+        None | Some(VolumeOwner::Mine) => {}
+        Some(VolumeOwner::OtherNode) => return VolumePlan::Skip("another node's volume"),
+        Some(VolumeOwner::NotPinned) => return VolumePlan::Skip("not pinned to this node"),
+        Some(VolumeOwner::NodeGone(node)) => return VolumePlan::NodeGone(node),
+    }
+    let finalizer_mode = facts.finalizer_mode();
+    let served = |p: &str| facts.serving(p) == Serving::Yes;
+    let ours = decide::claim_provisioner_of_volume(pv).is_some_and(served);
+    if ours && let Some(add) = decide::pv_finalizer_change(pv, finalizer_mode) {
+        return VolumePlan::SetFinalizer(add);
+    }
+    let Some(provisioner) = decide::should_delete(pv, served, finalizer_mode) else {
+        let gone = |p: &str| facts.serving(p) == Serving::Gone;
+        return match decide::should_delete(pv, gone, finalizer_mode) {
+            Some(provisioner) => VolumePlan::WaitForGuest(provisioner),
+            None => VolumePlan::Keep,
+        };
+    };
+    let held = has_finalizer(&pv.metadata.finalizers, FINALIZER_PV);
+    if facts.deleted_by_us() && !held {
+        // Updates sent before our delete landed still arrive. (With our finalizer still on it,
+        // its removal is what is left to do.)
+        return VolumePlan::Skip("deleted by us");
+    }
+    let order = if finalizer_mode {
+        if held && pv.metadata.deletion_timestamp.is_none() {
+            DeleteOrder::BehindFinalizer
+        } else {
+            DeleteOrder::StorageFirst
+        }
+    } else if facts.entry_fits() == Some(true) {
+        DeleteOrder::PvFirst
+    } else {
+        DeleteOrder::StorageFirst
+    };
+    VolumePlan::Delete { provisioner, order }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PersistentVolumeSpec, PersistentVolumeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    const P: &str = "example.com/p";
+
+    #[derive(Clone)]
+    struct Facts {
+        owner: Option<VolumeOwner>,
+        serving: Serving,
+        finalizer_mode: bool,
+        deleted_by_us: bool,
+        entry_fits: Option<bool>,
+    }
+
+    impl Default for Facts {
+        fn default() -> Self {
+            Facts {
+                owner: None,
+                serving: Serving::Yes,
+                finalizer_mode: false,
+                deleted_by_us: false,
+                entry_fits: Some(true),
+            }
+        }
+    }
+
+    impl VolumeFacts for Facts {
+        fn owner(&self) -> Option<VolumeOwner> {
+            self.owner.clone()
+        }
+        fn serving(&self, p: &str) -> Serving {
+            if p == P { self.serving } else { Serving::No }
+        }
+        fn finalizer_mode(&self) -> bool {
+            self.finalizer_mode
+        }
+        fn deleted_by_us(&self) -> bool {
+            self.deleted_by_us
+        }
+        fn entry_fits(&self) -> Option<bool> {
+            self.entry_fits
+        }
+    }
+
+    fn pv(phase: &str, policy: &str, finalizer: bool, deleting: bool) -> PersistentVolume {
+        PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some("pvc-u".into()),
+                uid: Some("u".into()),
+                annotations: Some(
+                    [(decide::ANN_PROVISIONED_BY.to_string(), P.to_string())].into(),
+                ),
+                finalizers: finalizer.then(|| vec![FINALIZER_PV.to_string()]),
+                deletion_timestamp: deleting.then(|| Time(chrono::Utc::now())),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeSpec {
+                persistent_volume_reclaim_policy: Some(policy.into()),
+                ..Default::default()
+            }),
+            status: Some(PersistentVolumeStatus {
+                phase: Some(phase.into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn delete(order: DeleteOrder) -> VolumePlan<'static> {
+        VolumePlan::Delete {
+            provisioner: P,
+            order,
+        }
+    }
+
+    #[test]
+    fn the_volume_plan_table() {
+        let log = Facts::default();
+        let no_log = Facts {
+            entry_fits: None,
+            ..Facts::default()
+        };
+        let finalizers = Facts {
+            finalizer_mode: true,
+            entry_fits: None,
+            ..Facts::default()
+        };
+        let cases: Vec<(&str, PersistentVolume, Facts, VolumePlan<'static>)> = vec![
+            (
+                "released, Delete, log: PV first",
+                pv("Released", "Delete", false, false),
+                log.clone(),
+                delete(DeleteOrder::PvFirst),
+            ),
+            (
+                "an entry too large for the log: storage first",
+                pv("Released", "Delete", false, false),
+                Facts {
+                    entry_fits: Some(false),
+                    ..log.clone()
+                },
+                delete(DeleteOrder::StorageFirst),
+            ),
+            (
+                "no log: storage first",
+                pv("Released", "Delete", false, false),
+                no_log.clone(),
+                delete(DeleteOrder::StorageFirst),
+            ),
+            (
+                "finalizer mode, held, not yet marked: behind the finalizer",
+                pv("Released", "Delete", true, false),
+                finalizers.clone(),
+                delete(DeleteOrder::BehindFinalizer),
+            ),
+            (
+                "finalizer mode, marked deleted already: storage, then the finalizer",
+                pv("Released", "Delete", true, true),
+                finalizers.clone(),
+                delete(DeleteOrder::StorageFirst),
+            ),
+            (
+                "Retain: kept (an entry recorded ahead goes)",
+                pv("Released", "Retain", false, false),
+                log.clone(),
+                VolumePlan::Keep,
+            ),
+            (
+                "bound: kept",
+                pv("Bound", "Delete", false, false),
+                log.clone(),
+                VolumePlan::Keep,
+            ),
+            (
+                "being deleted by someone else, no finalizer of ours: kept",
+                pv("Released", "Delete", false, true),
+                log.clone(),
+                VolumePlan::Keep,
+            ),
+            (
+                "not ours",
+                pv("Released", "Delete", false, false),
+                Facts {
+                    serving: Serving::No,
+                    ..log.clone()
+                },
+                VolumePlan::Keep,
+            ),
+            (
+                "its guest is gone for now: wait",
+                pv("Released", "Delete", false, false),
+                Facts {
+                    serving: Serving::Gone,
+                    ..log.clone()
+                },
+                VolumePlan::WaitForGuest(P),
+            ),
+            (
+                "deleted by us a moment ago",
+                pv("Released", "Delete", false, false),
+                Facts {
+                    deleted_by_us: true,
+                    ..log.clone()
+                },
+                VolumePlan::Skip("deleted by us"),
+            ),
+            (
+                "deleted by us, finalizer still on: its removal is left",
+                pv("Released", "Delete", true, true),
+                Facts {
+                    deleted_by_us: true,
+                    ..finalizers.clone()
+                },
+                delete(DeleteOrder::StorageFirst),
+            ),
+            (
+                "finalizer mode, bound Delete volume without it: add",
+                pv("Bound", "Delete", false, false),
+                finalizers.clone(),
+                VolumePlan::SetFinalizer(true),
+            ),
+            (
+                "our finalizer outside finalizer mode: remove",
+                pv("Bound", "Delete", true, false),
+                log.clone(),
+                VolumePlan::SetFinalizer(false),
+            ),
+            (
+                "another node's volume",
+                pv("Released", "Delete", false, false),
+                Facts {
+                    owner: Some(VolumeOwner::OtherNode),
+                    ..log.clone()
+                },
+                VolumePlan::Skip("another node's volume"),
+            ),
+            (
+                "its node is gone",
+                pv("Released", "Delete", false, false),
+                Facts {
+                    owner: Some(VolumeOwner::NodeGone("n1".into())),
+                    ..log.clone()
+                },
+                VolumePlan::NodeGone("n1".into()),
+            ),
+        ];
+        for (name, pv, facts, want) in cases {
+            assert_eq!(plan_volume(&pv, &facts), want, "{name}");
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! The storage protocol: what a guest is asked, in which order, to build a claim's storage and
+//! to delete a volume's, and what each answer means; with the durable record of what may need
+//! deleting ([`intent`]) and what becomes of a record nobody is working on ([`recovery`]).
+//!
+//! The claim and volume paths, recovery and the offline commands all call guests through here,
+//! so the sequence (block support, request, qualifier, provision; guard, delete) is written once.
+//! Gating a call (this replica's lease) is the caller's: each step is one future to wrap.
+//!
+//! Nothing here ever asks a guest what it built in order to delete it: a delete is always of a
+//! volume a guest call returned, or of a PV the cluster holds.
+
+pub mod intent;
+pub mod recovery;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+
+use super::Context;
+use super::convert::{self, ConvertError, PvIdentity};
+use super::decide;
+use crate::wasm::bindings::types::{ProvisionError, ProvisionRequest};
+use crate::wasm::{CallError, Guest};
+
+/// Why a step of the protocol did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The claim or volume cannot be expressed in the contract.
+    #[error(transparent)]
+    Convert(#[from] ConvertError),
+    /// The guest failed, refused, or was refused by the host.
+    #[error(transparent)]
+    Guest(#[from] CallError),
+}
+
+impl StorageError {
+    /// The guest's message when it asks to be asked again later (transient, or still working in
+    /// the background): not a failure of the storage.
+    pub fn retry_later(&self) -> Option<&str> {
+        match self {
+            StorageError::Guest(CallError::Guest {
+                error: ProvisionError::Transient(m) | ProvisionError::InBackground(m),
+                ..
+            }) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+/// What a guest says before it is asked to build a claim's storage.
+#[derive(Debug)]
+pub enum Qualified {
+    /// Ask it to build this.
+    Ready(ProvisionRequest),
+    /// The claim wants a block volume and the guest builds none.
+    NoBlock,
+    /// The guest's qualifier hook declines the claim.
+    Declined,
+}
+
+/// What a guest is handed to build a claim's storage.
+pub fn provision_request(
+    pvc: &PersistentVolumeClaim,
+    class: &StorageClass,
+    guest: &Guest,
+    pv_name: &str,
+) -> Result<ProvisionRequest, ConvertError> {
+    Ok(ProvisionRequest {
+        pv_name: pv_name.to_string(),
+        claim: convert::claim(pvc)?,
+        storage_class: convert::storage_class(class),
+        selected_node: decide::selected_node(pvc).map(str::to_string),
+        config: guest.grants().config_json.clone(),
+    })
+}
+
+/// The steps before building: block support (when the claim wants a block volume), the request,
+/// the guest's qualifier.
+pub async fn qualify(
+    guest: &Guest,
+    pvc: &PersistentVolumeClaim,
+    class: &StorageClass,
+    pv_name: &str,
+) -> Result<Qualified, StorageError> {
+    if decide::wants_block(pvc) && !guest.supports_block().await? {
+        return Ok(Qualified::NoBlock);
+    }
+    let request = provision_request(pvc, class, guest, pv_name)?;
+    if !guest
+        .should_provision(&request.claim, &request.storage_class)
+        .await?
+    {
+        return Ok(Qualified::Declined);
+    }
+    Ok(Qualified::Ready(request))
+}
+
+/// Builds the storage and returns the PV that describes it (not yet created).
+pub async fn build(
+    guest: &Guest,
+    request: &ProvisionRequest,
+    identity: &PvIdentity<'_>,
+) -> Result<PersistentVolume, CallError> {
+    let built = guest.provision(request).await?;
+    Ok(convert::persistent_volume(identity, &built))
+}
+
+/// The guest's deletion guard on a volume: `false` keeps its storage.
+pub async fn guard(guest: &Guest, pv: &PersistentVolume) -> Result<bool, StorageError> {
+    let volume = convert::volume(pv)?;
+    Ok(guest.should_delete(&volume).await?)
+}
+
+/// What deleting the storage of `pv` needs, for an intent-log record: the PV and its class as
+/// cached now.
+pub fn record(pv: &PersistentVolume, ctx: &Context) -> intent::Storage {
+    let class = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref())
+        .and_then(|name| ctx.class(name));
+    intent::Storage::of(pv, class.as_deref())
+}
+
+/// How a storage delete ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Deleted {
+    /// The guest deleted it.
+    Gone,
+    /// The guest says it holds none of it (it ignored the volume), with its reason.
+    NotHeld(String),
+}
+
+/// Deletes the storage `pv` describes: a PV the cluster held, or one a guest call returned.
+pub async fn delete(
+    guest: &Guest,
+    pv: &PersistentVolume,
+    class: Option<&StorageClass>,
+) -> Result<Deleted, StorageError> {
+    let request = convert::delete_request(pv, class, guest.grants().config_json.clone())?;
+    match guest.delete(&request).await {
+        Ok(()) => Ok(Deleted::Gone),
+        Err(CallError::Guest {
+            error: ProvisionError::Ignored(reason),
+            ..
+        }) => Ok(Deleted::NotHeld(reason)),
+        Err(error) => Err(error.into()),
+    }
+}
