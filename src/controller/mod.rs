@@ -171,6 +171,7 @@ pub struct Context {
 }
 
 /// The caches a [`Context`] reads.
+#[derive(Clone)]
 pub struct Caches {
     /// StorageClasses.
     pub classes: Store<StorageClass>,

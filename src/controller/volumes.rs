@@ -18,12 +18,12 @@ use super::events;
 use super::failures::fingerprint;
 use super::gate::{GateError, LockKey};
 use super::handle::{Handle, PvDeleted};
-use super::storage::intent::{Intent, IntentError, IntentLog, Storage, VolumeIntent};
 use super::node::{self, VolumeOwner};
 use super::plan::{self, DeleteOrder, VolumeFacts, VolumePlan};
+use super::storage::intent::{Intent, IntentError, IntentLog, Storage, VolumeIntent};
 use super::storage::{self, Deleted, StorageError};
 use crate::controller::convert::ConvertError;
-use crate::wasm::{Availability, CallError, Guest, Plugins};
+use crate::wasm::{CallError, Guest, Plugins};
 
 /// Why a volume reconcile did not finish.
 #[derive(Debug, thiserror::Error)]

@@ -23,8 +23,8 @@ use wasm_provisioner::controller::cache::{self, CachedVolume};
 use wasm_provisioner::controller::claims::{self, ClaimError};
 use wasm_provisioner::controller::decide::{ANN_CLASS_RECORD, FINALIZER_CLAIM, FINALIZER_PV};
 use wasm_provisioner::controller::gate::Mode;
-use wasm_provisioner::controller::storage::intent::{Intent, IntentLog, Storage};
 use wasm_provisioner::controller::plan::ANN_MAX_IN_FLIGHT;
+use wasm_provisioner::controller::storage::intent::{Intent, IntentLog, Storage};
 use wasm_provisioner::controller::{Caches, Context, IntentRecord, Settings, volumes};
 use wasm_provisioner::metrics::{Metrics, Queue};
 use wasm_provisioner::wasm::{WasmEngine, load_dir};
@@ -531,12 +531,7 @@ async fn a_deleted_claim_whose_guest_may_hold_storage_keeps_it_and_says_so() {
         before,
         "no guest call for a deleted claim"
     );
-    assert!(
-        world
-            .events()
-            .await
-            .contains(&"StorageKept".to_string())
-    );
+    assert!(world.events().await.contains(&"StorageKept".to_string()));
 }
 
 #[tokio::test]

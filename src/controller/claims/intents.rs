@@ -10,8 +10,8 @@ use super::{ClaimError, Facts, claim_fingerprint};
 use crate::controller::Context;
 use crate::controller::decide;
 use crate::controller::handle::Handle;
-use crate::controller::storage::intent::{Intent, IntentLog, Storage};
 use crate::controller::plan::{self, ClaimPlan};
+use crate::controller::storage::intent::{Intent, IntentLog, Storage};
 use crate::wasm::{CallError, Plugins};
 
 /// After an attempt: an entry whose guest built nothing and holds nothing in flight leaves the

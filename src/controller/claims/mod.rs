@@ -321,10 +321,7 @@ async fn call_guest(
 
     let pvc = match (ctx.settings.intent, &ctx.intents) {
         (IntentRecord::ClaimFinalizer, _) => {
-            match handle
-                .set_claim_finalizer::<ClaimError>(pvc, true)
-                .await
-            {
+            match handle.set_claim_finalizer::<ClaimError>(pvc, true).await {
                 Ok(updated) => updated,
                 // The claim changed since the cache showed it: decide again on the new one.
                 Err(ClaimError::Kube(kube::Error::Api(status))) if status.is_conflict() => {

@@ -152,11 +152,9 @@ mod tests {
             metadata: ObjectMeta {
                 name: Some("pvc-u".into()),
                 uid: Some("u".into()),
-                annotations: Some(
-                    [(decide::ANN_PROVISIONED_BY.to_string(), P.to_string())].into(),
-                ),
+                annotations: Some([(decide::ANN_PROVISIONED_BY.to_string(), P.to_string())].into()),
                 finalizers: finalizer.then(|| vec![FINALIZER_PV.to_string()]),
-                deletion_timestamp: deleting.then(|| Time(chrono::Utc::now())),
+                deletion_timestamp: deleting.then(|| Time(Default::default())),
                 ..Default::default()
             },
             spec: Some(PersistentVolumeSpec {

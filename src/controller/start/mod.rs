@@ -20,7 +20,7 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::cache::{self, Cached, CachedVolume};
+use super::cache::{self, CachedVolume};
 use super::{Caches, Context, Settings, claims, gate, node, volumes};
 use crate::metrics::Metrics;
 use crate::wasm::Plugins;
@@ -76,9 +76,12 @@ pub async fn run_watching(
         node_state,
     ));
     start_background(&ctx, &mut tasks, sources.class_watch).await?;
-    tokio::time::timeout(Duration::from_secs(60), sources.caches.classes.wait_until_ready())
-        .await
-        .map_err(|_| anyhow::anyhow!("StorageClass cache did not sync within 60 s"))??;
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        sources.caches.classes.wait_until_ready(),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("StorageClass cache did not sync within 60 s"))??;
 
     let stopping = Stopping::on(shutdown);
     let (stop_campaign, campaign) = campaign(&client, &settings, &ctx);
@@ -95,7 +98,14 @@ pub async fn run_watching(
     );
     tracing::info!(guests = ctx.plugins().len(), "controller started");
     let readiness = tokio::spawn(report_ready(sources.caches, metrics.clone()));
-    let outcome = until_done(controllers, &stopping, settings.shutdown_grace, campaign, &mut tasks).await;
+    let outcome = until_done(
+        controllers,
+        &stopping,
+        settings.shutdown_grace,
+        campaign,
+        &mut tasks,
+    )
+    .await;
     // In-flight work is done or abandoned (its futures are dropped): hand the lease over now.
     let _ = stop_campaign.send(true);
     if let Some(campaign) = outcome.campaign {
@@ -160,9 +170,10 @@ impl Sources {
         let volume_controller =
             Controller::for_stream(volume_watch, volumes.clone()).with_config(config.clone());
         let (claims, claim_writer) = reflector::store::<PersistentVolumeClaim>();
-        let claim_watch = watches::claim_watch(Api::all(client.clone()), claim_writer, move |pvc| {
-            !whole && cache::claim_settled(pvc)
-        });
+        let claim_watch =
+            watches::claim_watch(Api::all(client.clone()), claim_writer, move |pvc| {
+                !whole && cache::claim_settled(pvc)
+            });
         let claim_controller =
             Controller::for_stream(claim_watch, claims.clone()).with_config(config);
         Sources {
@@ -305,7 +316,11 @@ fn run_controllers(
         .graceful_shutdown_on(stopping.clone().requested())
         .run(claims::reconcile, claims::error_policy, ctx.clone())
         .for_each(|result| async move {
-            report(result.map(|_| ()), "watching claims failed (RBAC: list, watch persistentvolumeclaims)", "claim reconcile")
+            report(
+                result.map(|_| ()),
+                "watching claims failed (RBAC: list, watch persistentvolumeclaims)",
+                "claim reconcile",
+            )
         });
     let volume_run = volume_controller
         .reconcile_all_on(futures::stream::select(
@@ -315,9 +330,17 @@ fn run_controllers(
         .reconcile_all_on(ticks.node_deleted)
         .reconcile_all_on(gained())
         .graceful_shutdown_on(stopping.clone().requested())
-        .run(volumes::reconcile_cached, volumes::error_policy_cached, ctx.clone())
+        .run(
+            volumes::reconcile_cached,
+            volumes::error_policy_cached,
+            ctx.clone(),
+        )
         .for_each(|result| async move {
-            report(result.map(|_| ()), "watching volumes failed (RBAC: list, watch persistentvolumes)", "volume reconcile")
+            report(
+                result.map(|_| ()),
+                "watching volumes failed (RBAC: list, watch persistentvolumes)",
+                "volume reconcile",
+            )
         });
     async move {
         tokio::join!(claim_run, volume_run);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
 use crate::controller::{Context, events, gate, leader};
@@ -97,4 +97,3 @@ pub(super) async fn start_campaign(
     leader::campaign(lock, gate, changed, recorder, stop).await;
     watch_task.abort();
 }
-

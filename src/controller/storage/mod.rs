@@ -50,7 +50,7 @@ impl StorageError {
 #[derive(Debug)]
 pub enum Qualified {
     /// Ask it to build this.
-    Ready(ProvisionRequest),
+    Ready(Box<ProvisionRequest>),
     /// The claim wants a block volume and the guest builds none.
     NoBlock,
     /// The guest's qualifier hook declines the claim.
@@ -91,7 +91,7 @@ pub async fn qualify(
     {
         return Ok(Qualified::Declined);
     }
-    Ok(Qualified::Ready(request))
+    Ok(Qualified::Ready(Box::new(request)))
 }
 
 /// Builds the storage and returns the PV that describes it (not yet created).

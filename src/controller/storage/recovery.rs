@@ -15,12 +15,12 @@
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use kube::runtime::reflector::ObjectRef;
 
+use super::intent::{ClaimIntent, Intent, IntentLog, Storage, VolumeIntent};
 use crate::controller::Context;
 use crate::controller::cache::{self, CachedVolume};
 use crate::controller::events;
 use crate::controller::gate::LockKey;
 use crate::controller::handle::Handle;
-use super::intent::{ClaimIntent, Intent, IntentLog, Storage, VolumeIntent};
 
 /// Why one entry could not be settled this time.
 #[derive(Debug, thiserror::Error)]
@@ -185,9 +185,9 @@ fn facts_of(ctx: &Context, log: &IntentLog, key: &str, intent: &Intent) -> Entry
     let plugins = ctx.plugins();
     let pv = ctx.volume(intent.pv()).map(|cached| {
         let uid = cached_uid(&cached);
-        let queued = cached
-            .whole()
-            .is_some_and(|pv| crate::controller::volumes::queued_for_delete(ctx, &plugins, pv).is_some());
+        let queued = cached.whole().is_some_and(|pv| {
+            crate::controller::volumes::queued_for_delete(ctx, &plugins, pv).is_some()
+        });
         (uid, queued)
     });
     let claim = match intent {
