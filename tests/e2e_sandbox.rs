@@ -3,6 +3,8 @@
 //! running controller. Same pattern as `tests/e2e.rs`: one control plane, a world per test.
 
 mod common;
+#[path = "e2e_sandbox/limits.rs"]
+mod limits;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,6 +17,9 @@ use wp_harness::{ControlPlane, Process};
 
 use common::e2e::{Fixture, uid};
 use common::{dir_grant, guest_wasm};
+use limits::{
+    a_compile_bomb_under_the_containers_memory_limit, attacks_under_the_containers_memory_limit,
+};
 
 /// One test's world: the fixture, a plugins directory, storage roots and the provisioner.
 struct World {
@@ -74,16 +79,36 @@ impl World {
         Ok(())
     }
 
-    fn start(&mut self, extra: &[&str]) -> anyhow::Result<()> {
+    /// `run` with this world's plugins, one replica (no lease to elect; the intent log lives
+    /// where the provisioner's Role is, deploy/rbac.yaml), and `extra`.
+    fn command(&self, extra: &[&str]) -> std::process::Command {
         let mut cmd = self.provisioner_command(&self.plugins, self.cp.provisioner_kubeconfig());
-        // One replica per test: no lease to elect. The intent log lives where the
-        // provisioner's Role is (deploy/rbac.yaml).
         cmd.arg("--leader-election=false")
             .args(["--leader-election-namespace", "wasm-provisioner"])
             .args(["--plugins-debounce", "200ms", "--instance-name", &self.name])
             .args(extra);
+        cmd
+    }
+
+    fn start(&mut self, extra: &[&str]) -> anyhow::Result<()> {
+        self.process = Some(self.spawn("provisioner", self.command(extra))?);
+        Ok(())
+    }
+
+    /// [`World::start`] inside `cgroup` from the process' first instruction.
+    fn start_in(
+        &mut self,
+        cgroup: &wp_harness::MemoryCgroup,
+        extra: &[&str],
+    ) -> anyhow::Result<()> {
+        let cmd = cgroup.wrap(&self.command(extra));
         self.process = Some(self.spawn("provisioner", cmd)?);
         Ok(())
+    }
+
+    /// The provisioner's PID.
+    fn pid(&self) -> u32 {
+        self.process.as_ref().map(|p| p.pid()).unwrap_or_default()
     }
 
     fn log(&self) -> String {
@@ -388,6 +413,8 @@ fn main() -> std::process::ExitCode {
             a_misbehaving_guest_never_slows_the_others,
             plugins_change_under_a_running_controller,
             a_guest_cannot_hand_a_pod_the_node_through_a_symlink,
+            attacks_under_the_containers_memory_limit,
+            a_compile_bomb_under_the_containers_memory_limit,
         ],
     )
 }

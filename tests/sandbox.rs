@@ -7,6 +7,8 @@ mod bomb;
 mod common;
 #[path = "sandbox/logs.rs"]
 mod logs;
+#[path = "sandbox/pool.rs"]
+mod pool;
 #[path = "sandbox/resources.rs"]
 mod resources;
 #[path = "sandbox/roots.rs"]

@@ -10,7 +10,8 @@
 //!
 //! Why: a small module with huge function bodies (a "compile bomb": 613 KiB, ~10 s and 1.8 GiB
 //! to compile) took the whole process down at load, and a hot-reload rescan compiled a refused
-//! bomb again every time. In a child, only the child dies.
+//! bomb again every time. In a child, only the child dies, and it is the OOM killer's first
+//! choice (`oom_score_adj` 1000) when the container's memory runs out while it compiles.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -133,6 +134,12 @@ pub fn compile_in_child(limits: &CompileLimits, bytes: &[u8]) -> Result<Vec<u8>,
 /// from stdin, writes the artifact to stdout.
 pub fn run_child(memory_mib: u64, cpu_seconds: u64) -> anyhow::Result<()> {
     use rustix::process::{Resource, Rlimit, setrlimit};
+    // Compiling shares the container's memory limit with the controller, and RLIMIT_AS caps
+    // this process' address space, not what the cgroup has left: when the two together reach
+    // the limit, the kernel's OOM killer must take this process, never the controller (it
+    // picks the largest by default, which is the controller while guests run). Raising one's
+    // own score needs no privilege.
+    std::fs::write("/proc/self/oom_score_adj", "1000")?;
     let bytes = memory_mib.saturating_mul(1 << 20);
     setrlimit(
         Resource::As,

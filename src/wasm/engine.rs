@@ -48,6 +48,76 @@ pub fn pool_units(instances: usize, memories: usize) -> u32 {
     units.min(POOL_CORE_INSTANCES as usize) as u32
 }
 
+/// What the loaded guests reserve of the pool: under each guest's name, the units its calls
+/// hold at its `max-concurrency` ([`pool_units`] each), one entry per version alive (an old
+/// version finishes its calls during a reload); a name counts once, at its largest entry.
+#[derive(Default)]
+struct PoolLedger {
+    by_guest: Mutex<HashMap<String, Vec<u64>>>,
+}
+
+impl PoolLedger {
+    /// Reserves `calls x per_call` units for guest `guest`, or refuses when the other guests
+    /// leave less: the sum over loaded guests at their caps always fits the pool, so no
+    /// guest's call waits for another guest's units (the per-call semaphore can only block
+    /// while an old and a new version of one guest both have calls in flight during a reload).
+    fn reserve(
+        self: &Arc<Self>,
+        guest: &str,
+        calls: usize,
+        per_call: u32,
+    ) -> Result<PoolReservation, LoadError> {
+        let units = (calls as u64).saturating_mul(per_call as u64);
+        let mut by_guest = self.by_guest.lock().unwrap_or_else(|e| e.into_inner());
+        let reserved: u64 = by_guest
+            .iter()
+            .filter(|(name, _)| name.as_str() != guest)
+            .map(|(_, entries)| entries.iter().copied().max().unwrap_or(0))
+            .sum();
+        if reserved.saturating_add(units) > POOL_CORE_INSTANCES as u64 {
+            return Err(LoadError::Pool {
+                guest: guest.to_owned(),
+                needs: units,
+                calls,
+                per_call,
+                reserved,
+                total: POOL_CORE_INSTANCES,
+            });
+        }
+        by_guest.entry(guest.to_owned()).or_default().push(units);
+        Ok(PoolReservation {
+            ledger: self.clone(),
+            guest: guest.to_owned(),
+            units,
+        })
+    }
+}
+
+/// One loaded guest version's share of the pool, given back when its last clone is dropped.
+pub(super) struct PoolReservation {
+    ledger: Arc<PoolLedger>,
+    guest: String,
+    units: u64,
+}
+
+impl Drop for PoolReservation {
+    fn drop(&mut self) {
+        let mut by_guest = self
+            .ledger
+            .by_guest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(entries) = by_guest.get_mut(&self.guest) {
+            if let Some(at) = entries.iter().position(|u| *u == self.units) {
+                entries.swap_remove(at);
+            }
+            if entries.is_empty() {
+                by_guest.remove(&self.guest);
+            }
+        }
+    }
+}
+
 /// Whether instances come from a preallocated pool (fast, bounded) or are allocated per call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Pooling {
@@ -84,6 +154,8 @@ pub struct WasmEngine {
     /// The pool's units when pooling ([`pool_units`]): every call holds its share, so the pool
     /// is never exhausted.
     pool_slots: Option<Arc<Semaphore>>,
+    /// What the loaded guests reserve of the pool, when pooling.
+    pool_ledger: Arc<PoolLedger>,
     cache: Option<Arc<ModuleCache>>,
     executor: Option<GuestExecutor>,
     compiler: Option<CompileLimits>,
@@ -194,6 +266,7 @@ impl WasmEngine {
             linker: Arc::new(linker),
             metrics: None,
             pool_slots: pooled.then(|| Arc::new(Semaphore::new(POOL_CORE_INSTANCES as usize))),
+            pool_ledger: Arc::default(),
             cache,
             executor,
             compiler: options.compiler.clone(),
@@ -318,8 +391,17 @@ impl WasmEngine {
         let display = display.to_string();
         let (component, sha256) = self.compile_bytes(&display, bytes)?;
         // What decides from here on is the bytes alone: a refusal holds until they change.
-        self.link(name, &display, component, &sha256, grants)
-            .inspect_err(|error| self.remember_refused(&sha256, error))
+        let mut guest = self
+            .link(name, &display, component, &sha256, grants)
+            .inspect_err(|error| self.remember_refused(&sha256, error))?;
+        // The pool depends on the grant and the other guests, not on the bytes: not remembered.
+        if self.pool_slots.is_some() {
+            let reservation =
+                self.pool_ledger
+                    .reserve(name, guest.grants.max_concurrency, guest.pool_units)?;
+            guest.pool_reservation = Some(Arc::new(reservation));
+        }
+        Ok(guest)
     }
 
     /// Checks the contract of a compiled guest and links it.
@@ -367,6 +449,7 @@ impl WasmEngine {
             name: name.into(),
             pool_slots: self.pool_slots.clone(),
             pool_units: pool_units(grants.instances, grants.memories),
+            pool_reservation: None,
             semaphore: Arc::new(Semaphore::new(grants.max_concurrency)),
             grants: Arc::new(grants),
             sha256: sha256.into(),
@@ -432,5 +515,35 @@ mod tests {
         // instances each shared 1,024 slots); a grant raising its caps gets fewer.
         assert_eq!(POOL_CORE_INSTANCES / pool_units(32, 2), POOL_INSTANCES);
         assert_eq!(POOL_CORE_INSTANCES / pool_units(1000, 2), 4);
+    }
+
+    #[test]
+    fn the_loaded_guests_reservations_never_exceed_the_pool() {
+        let ledger = Arc::new(PoolLedger::default());
+        let per_call = pool_units(32, 2);
+        // 32 guests of the default grant (4 calls of 32 units) fill the pool exactly.
+        let mut held: Vec<_> = (0..32)
+            .map(|i| ledger.reserve(&format!("g{i}"), 4, per_call).unwrap())
+            .collect();
+        let refused = ledger.reserve("one-more", 4, per_call).err().unwrap();
+        assert!(
+            refused
+                .to_string()
+                .contains("needs 128 units of the instance pool"),
+            "{refused}"
+        );
+        // A new version of a loaded guest (a reload) counts once, at the larger reservation.
+        let reload = ledger.reserve("g0", 4, per_call).unwrap();
+        assert!(
+            ledger.reserve("g1", 5, per_call).is_err(),
+            "g1 grows past the pool"
+        );
+        drop(held.pop());
+        drop(reload);
+        ledger.reserve("one-more", 4, per_call).unwrap();
+        // One grant alone larger than the pool never loads.
+        let alone = Arc::new(PoolLedger::default());
+        assert!(alone.reserve("greedy", 129, per_call).is_err());
+        assert!(alone.reserve("greedy", 128, per_call).is_ok());
     }
 }

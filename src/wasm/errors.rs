@@ -57,6 +57,25 @@ pub enum LoadError {
         /// Why it was refused then.
         message: String,
     },
+    /// The guest's calls at its `max-concurrency` would not fit in what the other loaded
+    /// guests left of the instance pool ([`super::engine::pool_units`]).
+    #[error(
+        "guest {guest} needs {needs} units of the instance pool ({calls} calls of {per_call}: limits.max-concurrency x the larger of limits.instances and 16 per memory) but the other guests reserve {reserved} of {total}; lower its max-concurrency or instances"
+    )]
+    Pool {
+        /// The guest's name.
+        guest: String,
+        /// Units its calls hold at their caps.
+        needs: u64,
+        /// Its max-concurrency.
+        calls: usize,
+        /// Units per call.
+        per_call: u32,
+        /// Units the other loaded guests reserve.
+        reserved: u64,
+        /// Units in the pool.
+        total: u32,
+    },
     /// The engine could not be created.
     #[error("cannot create the wasm engine: {0}")]
     Engine(String),

@@ -51,6 +51,8 @@ pub struct Guest {
     pub(super) pool_slots: Option<Arc<Semaphore>>,
     /// Units of the pool each call holds ([`super::engine::pool_units`]).
     pub(super) pool_units: u32,
+    /// This guest's share of the pool at its `max-concurrency`, held while it is loaded.
+    pub(super) pool_reservation: Option<Arc<super::engine::PoolReservation>>,
     pub(super) pre: InstancePre<GuestState>,
     pub(super) lifecycle: lifecycle::GuestIndices,
     pub(super) qualifier: Option<qualifier::GuestIndices>,

@@ -206,3 +206,36 @@ pub fn shipped_grant(dir: &str, replacements: &[(&str, &str)]) -> String {
     }
     text
 }
+
+/// A small component whose functions are huge: `functions` bodies of `ops` additions over
+/// `locals` locals that all stay live to the end (register pressure for the compiler).
+pub fn compile_bomb(functions: usize, locals: usize, ops: usize) -> String {
+    use std::fmt::Write as _;
+    let mut wat = String::from("(component (core module\n");
+    for f in 0..functions {
+        write!(
+            wat,
+            "(func (export \"f{f}\") (param i32) (result i32) (local"
+        )
+        .unwrap();
+        for _ in 0..locals {
+            wat.push_str(" i32");
+        }
+        wat.push_str(")\n");
+        let mut x: usize = f * 7919 + 1;
+        for _ in 0..ops {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let (a, b, c) = (x % locals, (x >> 20) % locals, (x >> 40) % locals);
+            writeln!(wat, "local.get {a} local.get {b} i32.add local.set {c}").unwrap();
+        }
+        wat.push_str("local.get 0");
+        for l in 1..locals {
+            write!(wat, " local.get {l} i32.add").unwrap();
+        }
+        wat.push_str(")\n");
+    }
+    wat.push_str("))\n");
+    wat
+}

@@ -16,6 +16,7 @@
 
 mod apply;
 mod binaries;
+mod cgroup;
 mod cluster;
 mod components;
 mod control_plane;
@@ -29,6 +30,7 @@ mod wait;
 
 pub use apply::{RBAC_YAML, apply_yaml, create_or_merge_yaml};
 pub use binaries::{BIN_DIR_ENV, Binaries, default_bin_dir};
+pub use cgroup::{CgroupVersion, MemoryCgroup};
 pub use cluster::{NodeCluster, SHIPPED_NODE_DIR, build_images, pinned_to, render_with_node_dir};
 pub use control_plane::{
     ATTACH_KUBECONFIG_ENV, ControlPlane, KEEP_RUN_DIR_ENV, RESTRICTED_IDENTITIES,

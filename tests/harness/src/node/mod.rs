@@ -18,7 +18,7 @@
 //! that died is cleaned up by the next [`Node::start`]. Not for a developer's laptop: for CI VMs.
 
 mod config;
-mod host;
+pub(crate) mod host;
 mod snapshot;
 
 use std::path::{Path, PathBuf};
