@@ -12,6 +12,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
 use super::cache::{self, Cached, CachedVolume};
+use super::claim_watch::{ClaimKeeping, claim_watch};
 use super::{Caches, Context, Settings, claims, events, gate, leader, node, volumes};
 use crate::metrics::Metrics;
 use crate::wasm::Plugins;
@@ -88,9 +89,8 @@ pub async fn run_watching(
         .with_config(controller_config.clone());
     let volumes_ready = volumes.clone();
     let (claims, claim_writer) = reflector::store::<PersistentVolumeClaim>();
-    let claim_watch = claim_watch(pvc_api, claim_writer, move |pvc| {
-        !whole && cache::claim_settled(pvc)
-    });
+    let keeping = Arc::new(ClaimKeeping::new(whole, plugins.clone()));
+    let claim_watch = claim_watch(pvc_api, claim_writer, keeping);
     let claim_controller =
         Controller::for_stream(claim_watch, claims.clone()).with_config(controller_config);
 
@@ -506,34 +506,6 @@ fn served_paths(event: &watcher::Event<CachedVolume>) {
         watcher::Event::Delete(pv) => served.release(&kube::ResourceExt::name_any(pv)),
         watcher::Event::Init | watcher::Event::InitDone => {}
     }
-}
-
-/// The watch behind the claim cache. A settled claim (bound, no finalizer of ours) leaves the
-/// cache altogether, and triggers no reconcile: nothing reads it (the class watch re-checks only
-/// unbound claims; intent recovery asks the API server about a claim it does not find).
-fn claim_watch(
-    api: Api<PersistentVolumeClaim>,
-    writer: reflector::store::Writer<PersistentVolumeClaim>,
-    settled: impl Fn(&PersistentVolumeClaim) -> bool + Send + Sync + 'static,
-) -> impl futures::Stream<Item = Result<PersistentVolumeClaim, watcher::Error>> + Send + 'static {
-    use futures::TryStreamExt;
-    watcher(api, watcher::Config::default())
-        .default_backoff()
-        .modify(slim)
-        .try_filter_map(move |event| {
-            let event = match event {
-                watcher::Event::InitApply(claim) if settled(&claim) => None,
-                // Dropped from the cache (it may have been cached before); not an applied object,
-                // so no reconcile either.
-                watcher::Event::Apply(claim) if settled(&claim) => {
-                    Some(watcher::Event::Delete(claim))
-                }
-                other => Some(other),
-            };
-            futures::future::ready(Ok(event))
-        })
-        .reflect(writer)
-        .applied_objects()
 }
 
 /// Annotation `kubectl apply` keeps: a second copy of the whole object as the user wrote it.
