@@ -6,10 +6,12 @@
 //! * API requests per claim, read from kube-apiserver's own request counters;
 //! * memory: the provisioner's RSS with three guests, in an empty cluster and once its caches hold
 //!   M claims bound to M PVs (settled to their identity, and whole as an informer keeps them);
+//!   and once the cluster holds M Pending claims of another provisioner's class and M Available
+//!   PVs of a static pool (part `foreign`: run it alone, so that the cluster holds only those);
 //! * start-up: process start to "controller started".
 //!
 //! `WP_BENCH_BINARY` runs another build of the provisioner. `WP_BENCH_CLAIMS` (default 500) and `WP_BENCH_OBJECTS` (default 10000) size the runs;
-//! `WP_BENCH_RUNS` (default 3) processes per memory figure; `WP_BENCH_PARTS` (default `throughput,memory`) picks the parts; `WP_BENCH_PROFILES` (indexes,
+//! `WP_BENCH_RUNS` (default 3) processes per memory figure; `WP_BENCH_PARTS` (default `throughput,memory`; also `foreign`) picks the parts; `WP_BENCH_PROFILES` (indexes,
 //! default all) picks the client profiles.
 //! Nothing is asserted; figures go to stdout.
 
@@ -723,6 +725,9 @@ async fn main() -> anyhow::Result<()> {
     if part("memory") {
         memory(&cp, &admin, m).await?;
     }
+    if part("foreign") {
+        foreign(&cp, &admin, m).await?;
+    }
     Ok(())
 }
 
@@ -878,6 +883,137 @@ async fn memory(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<(
         warm.as_secs_f64() * 1e3
     );
     Ok(())
+}
+
+/// The provisioner's RSS once the cluster holds `m` Pending claims of a class whose provisioner
+/// no loaded guest serves and `m` Available PVs of a static local-PV pool (no provisioner made
+/// them): nothing in the cluster is ours.
+async fn foreign(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<()> {
+    let runs = env_usize("WP_BENCH_RUNS", 3);
+    let storage = tempfile::tempdir()?;
+    let plugins = tempfile::tempdir()?;
+    let cache = tempfile::tempdir()?;
+    plugins_with(
+        plugins.path(),
+        storage.path(),
+        &["guest-a", "guest-b", "guest-c"],
+    );
+    let started = Instant::now();
+    let (pending, available) = foreign_objects(admin, "bench-foreign", m).await?;
+    let filled = started.elapsed();
+    let default = rss_runs(cp, plugins.path(), cache.path(), &[], "foreign", runs).await?;
+    let whole = rss_runs(
+        cp,
+        plugins.path(),
+        cache.path(),
+        &["--cache-whole-objects"],
+        "foreign-whole",
+        runs,
+    )
+    .await?;
+    println!(
+        "\nmemory, nothing ours: three guests loaded; {m} Pending claims of another provisioner's class ({pending} Pending, annotated) and {m} Available PVs of a static pool ({available} Available), made in {:.0} s; {runs} processes each\n",
+        filled.as_secs_f64()
+    );
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    println!("| figure | min | median | max |");
+    println!("|---|---:|---:|---:|");
+    for (what, [lo, mid, hi]) in [
+        (
+            "RSS, caches full (default: foreign claims left out, static PVs as their identity)",
+            default,
+        ),
+        (
+            "RSS, caches full (whole objects: `--cache-whole-objects`)",
+            whole,
+        ),
+    ] {
+        println!(
+            "| {what} | {:.1} MiB | {:.1} MiB | {:.1} MiB |",
+            mib(lo),
+            mib(mid),
+            mib(hi)
+        );
+    }
+    Ok(())
+}
+
+/// `m` claims of class `bench-foreign` (provisioner `example.com/not-served`, annotated as
+/// kube-controller-manager does) and `m` local PVs of class `local-pool` on one node, none
+/// bound; returns how many claims are Pending and PVs Available once the PV controller has seen
+/// them.
+async fn foreign_objects(admin: &Client, ns: &str, m: usize) -> anyhow::Result<(usize, usize)> {
+    create_namespace(admin, ns).await?;
+    Api::<StorageClass>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "bench-foreign"},
+                "provisioner": "example.com/not-served", "reclaimPolicy": "Delete"}))?,
+        )
+        .await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), ns);
+    let pvs: Api<PersistentVolume> = Api::all(admin.clone());
+    futures::stream::iter(0..m)
+        .map(|i| {
+            let (claims, pvs) = (claims.clone(), pvs.clone());
+            async move {
+                let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+                    "metadata": {"name": format!("f{i}"), "labels": {"app": "bench"},
+                                 "annotations": {"volume.beta.kubernetes.io/storage-provisioner": "example.com/not-served"}},
+                    "spec": {"storageClassName": "bench-foreign", "accessModes": ["ReadWriteOnce"],
+                             "resources": {"requests": {"storage": "1Gi"}}},
+                }))?;
+                claims.create(&PostParams::default(), &claim).await?;
+                let volume: PersistentVolume = serde_json::from_value(json!({
+                    "metadata": {"name": format!("local-{i}"), "labels": {"pool": "local"}},
+                    "spec": {
+                        "capacity": {"storage": "100Gi"},
+                        "accessModes": ["ReadWriteOnce"],
+                        "persistentVolumeReclaimPolicy": "Retain",
+                        "storageClassName": "local-pool",
+                        "volumeMode": "Filesystem",
+                        "local": {"path": format!("/mnt/disks/disk-{i}")},
+                        "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                            {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-1"]}
+                        ]}]}},
+                    }
+                }))?;
+                pvs.create(&PostParams::default(), &volume).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(64)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let phase_count = |phases: Vec<Option<String>>, want: &str| {
+            phases.iter().filter(|p| p.as_deref() == Some(want)).count()
+        };
+        let pending = phase_count(
+            claims
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .map(|c| c.status.and_then(|s| s.phase))
+                .collect(),
+            "Pending",
+        );
+        let available = phase_count(
+            pvs.list(&ListParams::default().labels("pool=local"))
+                .await?
+                .items
+                .into_iter()
+                .map(|p| p.status.and_then(|s| s.phase))
+                .collect(),
+            "Available",
+        );
+        if (pending >= m && available >= m) || Instant::now() > deadline {
+            return Ok((pending, available));
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
 }
 
 fn uname() -> String {

@@ -349,6 +349,49 @@ async fn plugins_change_under_a_running_controller(cp: Arc<ControlPlane>) -> any
     Ok(())
 }
 
+/// Issue 23: a claim of a provisioner no guest serves is left out of the claim cache (its
+/// identity is not even kept); a guest for it added later makes the controller list the claims
+/// again, and the claim is provisioned.
+async fn a_claim_left_out_as_foreign_is_provisioned_once_a_guest_serves_it(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "foreign").await?;
+    w.install("present", "attack", "")?;
+    w.start(&[])?;
+    let class = w.create_class("late", "late", &[]).await?;
+    w.create_claim("early", &class).await?;
+    // kube-controller-manager names the class's provisioner on the claim: foreign to us now.
+    let provisioner = w.provisioner_of("late");
+    w.wait("the claim names its provisioner", || async {
+        let claim = w.claims().get("early").await?;
+        let annotations = claim.metadata.annotations.unwrap_or_default();
+        Ok(
+            (annotations.get("volume.beta.kubernetes.io/storage-provisioner")
+                == Some(&provisioner))
+            .then_some(()),
+        )
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let phase = w.claims().get("early").await?.status.and_then(|s| s.phase);
+    ensure!(
+        phase.as_deref() == Some("Pending"),
+        "no guest serves it yet: {phase:?}"
+    );
+    let added = Instant::now();
+    w.install("late", "attack", "")?;
+    w.wait_bound("early").await?;
+    println!(
+        "foreign claim Bound {:?} after its guest was added",
+        added.elapsed()
+    );
+    ensure!(
+        w.log().contains("listing claims again"),
+        "the reload re-listed the claims"
+    );
+    Ok(())
+}
+
 /// Issue 14: a PV whose hostPath passes through a link would hand a pod whatever the link
 /// points at (the kubelet follows it). The guest cannot create one, and a link someone else
 /// planted is caught on disk before the PV is created.
@@ -412,6 +455,7 @@ fn main() -> std::process::ExitCode {
         e2e_tests![
             a_misbehaving_guest_never_slows_the_others,
             plugins_change_under_a_running_controller,
+            a_claim_left_out_as_foreign_is_provisioned_once_a_guest_serves_it,
             a_guest_cannot_hand_a_pod_the_node_through_a_symlink,
             attacks_under_the_containers_memory_limit,
             a_compile_bomb_under_the_containers_memory_limit,

@@ -95,6 +95,24 @@ impl Book {
         self.retrying.lock().expect("lock").contains_key(key)
     }
 
+    /// How long `key` waits when its retry cannot start now (retries at their limit): as long as
+    /// after one more failure, so that a crowd of retries never spins.
+    pub fn retry_wait(&self, ctx: &Context, key: &str) -> Duration {
+        let in_a_row = self
+            .retrying
+            .lock()
+            .expect("lock")
+            .get(key)
+            .copied()
+            .unwrap_or(1);
+        let settings = &ctx.settings;
+        decide::backoff(
+            in_a_row,
+            settings.retry_interval_start,
+            settings.retry_interval_max,
+        )
+    }
+
     /// Whether `key` is given up for this fingerprint.
     pub fn is_given_up(&self, key: &str, fingerprint: u64) -> bool {
         self.failures

@@ -1,8 +1,9 @@
 //! What the claim and PV caches hold: the whole object while it may still need work from us, and
 //! less once it is settled (bound, with nothing of ours left to do), so the caches grow with the
 //! work in flight rather than with the size of the cluster. A settled PV is kept as its identity
-//! (the claim path asks whether a claim's PV exists); a settled claim is not kept at all (the
-//! claim watch in `start.rs` drops it).
+//! (the claim path asks whether a claim's PV exists); a settled claim is not kept at all, nor is
+//! an unbound claim of a provisioner no loaded guest knows ([`super::claim_watch`] leaves both
+//! out, and lists the claims again when a reload serves such a claim's provisioner).
 //!
 //! A settled object needs no decision: every path that reads the cache looks at a settled entry
 //! only for its identity (name, UID, deletion). When it changes (a claim deleted, a PV released)

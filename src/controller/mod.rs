@@ -7,6 +7,7 @@
 
 pub mod bookkeeping;
 pub mod cache;
+pub mod claim_watch;
 pub mod claims;
 pub mod convert;
 pub mod decide;
@@ -36,7 +37,7 @@ use crate::wasm::Plugins;
 use bookkeeping::Book;
 use cache::CachedVolume;
 use handle::RecentWrites;
-use inflight::InFlight;
+use inflight::{InFlight, Retries};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use ratelimit::RateLimiter;
 
@@ -162,6 +163,8 @@ pub struct Context {
     pub recent: RecentWrites,
     /// Claims in flight per class (the class annotation's limit).
     pub in_flight: InFlight,
+    /// Claim retries in flight (capped below the worker count: see [`inflight`]).
+    pub retries: Retries,
     /// Who may write: the write gate every guest call and API write passes.
     pub election: Arc<gate::Election>,
     /// Prometheus series and readiness.
@@ -210,6 +213,7 @@ impl Context {
                 api_rate.clone(),
             ))
         });
+        let retries = Retries::new(settings.worker_threads);
         Context {
             election: Arc::new(gate::Election::new(&client, &settings.election)),
             client,
@@ -225,6 +229,7 @@ impl Context {
             settings,
             recent: RecentWrites::default(),
             in_flight: InFlight::default(),
+            retries,
             metrics,
             node,
         }

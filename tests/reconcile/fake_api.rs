@@ -1,6 +1,7 @@
 //! A fake API server behind a real `kube::Client`: an in-memory object map answering the GET,
 //! POST, PATCH and DELETE requests the reconciles make, and a log of every request for asserts.
-//! Only the semantics the controller relies on: NotFound, AlreadyExists, UID and resourceVersion
+//! Collections are listed whole; a watch stays open and silent (tests apply changes to the caches
+//! themselves). Only the semantics the controller relies on: NotFound, AlreadyExists, UID and resourceVersion
 //! preconditions on delete, resourceVersion preconditions on merge patches, finalizer and
 //! annotation patches.
 
@@ -41,6 +42,15 @@ impl FakeApi {
             let api = api.clone();
             async move {
                 let (parts, body) = request.into_parts();
+                if parts.uri.query().is_some_and(|q| q.contains("watch=true")) {
+                    // A watch: nothing ever changes behind the reconciles' backs; it stays open.
+                    api.0.lock().unwrap().requests.push(Seen {
+                        method: parts.method.clone(),
+                        path: format!("{}?watch", parts.uri.path()),
+                        body: Value::Null,
+                    });
+                    return std::future::pending().await;
+                }
                 let bytes = body
                     .collect()
                     .await
@@ -149,7 +159,9 @@ impl FakeApi {
                         .collect();
                     (
                         StatusCode::OK,
-                        json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items}),
+                        json!({"apiVersion": "v1", "kind": "List",
+                               "metadata": {"resourceVersion": state.version.to_string()},
+                               "items": items}),
                     )
                 }
                 None => not_found(path),

@@ -3,6 +3,7 @@
 //! of the claim and volume paths; the whole layer runs in seconds. The end-to-end suites prove
 //! the same paths against a real control plane.
 
+mod claim_cache;
 #[path = "../common/mod.rs"]
 mod common;
 mod fake_api;
@@ -998,4 +999,31 @@ async fn one_intent_write_covers_the_queue_of_claims_behind_it() {
     for n in 0..8 {
         assert!(world.api.get(&pv_path(&format!("pvc-u-q{n}"))).is_some());
     }
+}
+
+#[tokio::test]
+async fn claims_recorded_ahead_never_fill_the_log_however_many_wait() {
+    let (mut world, log) = World::logged();
+    world.class("stuck", json!({"fail": "transient"}), json!({}));
+    let claims: Vec<_> = (0..2_000)
+        .map(|n| world.claim(claim_of(&format!("w{n}"), "stuck", P)))
+        .collect();
+    // Turns come to claims the log does not hold yet (recorded ahead or not, as the queue goes).
+    let mut turns = 0;
+    for pvc in &claims {
+        if turns == 40 {
+            break;
+        }
+        if log.holds(pvc.metadata.uid.as_deref().unwrap()) {
+            continue;
+        }
+        turns += 1;
+        let error = world.provision(pvc).await.expect_err("transient");
+        assert_eq!(error.label(), "transient", "{error}");
+    }
+    assert!(
+        log.len() <= 256 + 64,
+        "{} entries held for 2,000 waiting claims",
+        log.len()
+    );
 }

@@ -67,6 +67,12 @@ pub(super) fn record_built(
 /// Claims recorded ahead per intent write at most.
 const AHEAD: usize = 64;
 
+/// No claim is recorded ahead while the log holds this many entries: entries recorded ahead leave
+/// only when their claim's turn comes, and with thousands of claims waiting in line they would
+/// otherwise pile up faster than turns come until the log is full (measured: full at 768 KiB,
+/// 5,000 claims waiting), and every claim's own record fails.
+const AHEAD_WHILE_BELOW: usize = 256;
+
 /// Intents for the claims that will be provisioned next (ready as the plan sees them, not yet in
 /// the log): one intent write then covers a whole queue of claims instead of one. An intent for a
 /// claim that is then never provisioned is harmless: it is dropped once the claim is settled, and
@@ -79,8 +85,12 @@ pub(super) fn intents_ahead(
 ) -> Vec<(String, Intent)> {
     let ctx = handle.ctx();
     let mut ahead = Vec::new();
+    let room = AHEAD.min(AHEAD_WHILE_BELOW.saturating_sub(log.len()));
+    if room == 0 {
+        return ahead;
+    }
     for pvc in ctx.claims.state().iter() {
-        if ahead.len() >= AHEAD {
+        if ahead.len() >= room {
             break;
         }
         let Some(uid) = pvc.metadata.uid.as_deref() else {

@@ -275,6 +275,18 @@ async fn call_guest(
     let ctx = handle.ctx();
     tracing::Span::current().record("guest", guest.name());
     let pv_name = decide::pv_name(pvc).ok_or(ClaimError::NoUid)?;
+    let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
+    // A retry never takes the last worker (see `inflight`): when the retries in flight are at
+    // their limit it waits again, before any request or guest call.
+    let _retry = if ctx.claim_book.is_retrying(uid) {
+        let Some(slot) = ctx.retries.try_acquire() else {
+            tracing::trace!("retries at their limit; waiting again");
+            return Ok(Done::RetryIn(ctx.claim_book.retry_wait(ctx, uid)));
+        };
+        Some(slot)
+    } else {
+        None
+    };
     let class_name = class.name_any();
     if handle.gate().await? {
         // Just took this claim's lease: another replica may have created its PV a moment ago.

@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::cache::{self, CachedVolume};
+use super::claim_watch::{ClaimKeeping, claim_watch};
 use super::{Caches, Context, Settings, claims, gate, node, volumes};
 use crate::metrics::Metrics;
 use crate::wasm::Plugins;
@@ -66,7 +67,7 @@ pub async fn run_watching(
         }
         None => (None, futures::stream::pending().boxed()),
     };
-    let sources = Sources::new(&client, &settings);
+    let sources = Sources::new(&client, &settings, &plugins);
     let ctx = Arc::new(Context::new(
         client.clone(),
         initial,
@@ -143,7 +144,11 @@ struct Sources {
 }
 
 impl Sources {
-    fn new(client: &Client, settings: &Settings) -> Sources {
+    fn new(
+        client: &Client,
+        settings: &Settings,
+        plugins: &watch::Receiver<Arc<Plugins>>,
+    ) -> Sources {
         let (classes, class_writer) = reflector::store::<StorageClass>();
         let class_watch = watcher(Api::<StorageClass>::all(client.clone()), Default::default())
             .default_backoff()
@@ -170,10 +175,8 @@ impl Sources {
         let volume_controller =
             Controller::for_stream(volume_watch, volumes.clone()).with_config(config.clone());
         let (claims, claim_writer) = reflector::store::<PersistentVolumeClaim>();
-        let claim_watch =
-            watches::claim_watch(Api::all(client.clone()), claim_writer, move |pvc| {
-                !whole && cache::claim_settled(pvc)
-            });
+        let keeping = Arc::new(ClaimKeeping::new(whole, plugins.clone()));
+        let claim_watch = claim_watch(Api::all(client.clone()), claim_writer, keeping);
         let claim_controller =
             Controller::for_stream(claim_watch, claims.clone()).with_config(config);
         Sources {

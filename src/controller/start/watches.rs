@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -139,34 +138,6 @@ pub(super) fn served_paths(event: &watcher::Event<CachedVolume>) {
     }
 }
 
-/// The watch behind the claim cache. A settled claim (bound, no finalizer of ours) leaves the
-/// cache altogether, and triggers no reconcile: nothing reads it (the class watch re-checks only
-/// unbound claims; intent recovery asks the API server about a claim it does not find).
-pub(super) fn claim_watch(
-    api: Api<PersistentVolumeClaim>,
-    writer: reflector::store::Writer<PersistentVolumeClaim>,
-    settled: impl Fn(&PersistentVolumeClaim) -> bool + Send + Sync + 'static,
-) -> impl futures::Stream<Item = Result<PersistentVolumeClaim, watcher::Error>> + Send + 'static {
-    use futures::TryStreamExt;
-    watcher(api, watcher::Config::default())
-        .default_backoff()
-        .modify(slim)
-        .try_filter_map(move |event| {
-            let event = match event {
-                watcher::Event::InitApply(claim) if settled(&claim) => None,
-                // Dropped from the cache (it may have been cached before); not an applied object,
-                // so no reconcile either.
-                watcher::Event::Apply(claim) if settled(&claim) => {
-                    Some(watcher::Event::Delete(claim))
-                }
-                other => Some(other),
-            };
-            futures::future::ready(Ok(event))
-        })
-        .reflect(writer)
-        .applied_objects()
-}
-
 /// Annotation `kubectl apply` keeps: a second copy of the whole object as the user wrote it.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
@@ -184,6 +155,7 @@ pub fn slim<K: kube::Resource>(object: &mut K) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 
     #[test]
