@@ -71,14 +71,12 @@ pub enum Command {
     },
 }
 
-/// `wasm-provisioner forget-storage`.
+/// How the operator commands reach the cluster and find the provisioner's intent logs.
 #[derive(Debug, Args)]
-pub struct ForgetArgs {
+pub struct ClusterArgs {
     /// Kubeconfig file; without it the in-cluster config or ~/.kube/config is used.
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// The PV whose storage the logs name.
-    pub pv: String,
     /// Namespace of the intent logs (the provisioner's).
     #[arg(
         long,
@@ -87,6 +85,15 @@ pub struct ForgetArgs {
         default_value = "wasm-provisioner"
     )]
     pub namespace: String,
+}
+
+/// `wasm-provisioner forget-storage`.
+#[derive(Debug, Args)]
+pub struct ForgetArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// The PV whose storage the logs name.
+    pub pv: String,
     /// Print what would be forgotten, change nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -96,9 +103,8 @@ pub struct ForgetArgs {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("which").required(true).args(["all", "claim"])))]
 pub struct ReleaseArgs {
-    /// Kubeconfig file; without it the in-cluster config or ~/.kube/config is used.
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
     /// Every claim holding wasm-provisioner.dev/provisioning.
     #[arg(long)]
     pub all: bool,
@@ -112,14 +118,6 @@ pub struct ReleaseArgs {
     /// Print what would be released, change nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Namespace of the intent logs, whose pending storage deletes are reported.
-    #[arg(
-        long,
-        short = 'n',
-        env = "POD_NAMESPACE",
-        default_value = "wasm-provisioner"
-    )]
-    pub namespace: String,
 }
 
 /// `wasm-provisioner run`.

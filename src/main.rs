@@ -49,11 +49,11 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<String> {
         Some(claim) => uninstall::parse_claim(claim).map_err(anyhow::Error::msg)?,
         None => uninstall::Target::All,
     };
-    let client = run::client(args.kubeconfig.as_deref()).await?;
+    let client = run::client(args.cluster.kubeconfig.as_deref()).await?;
     let provisioners = args.provisioners.into_iter().collect();
     let mut report =
         uninstall::release_finalizers(client.clone(), target, &provisioners, args.dry_run).await?;
-    match uninstall::report_intents(&client, &args.namespace).await {
+    match uninstall::report_intents(&client, &args.cluster.namespace).await {
         Ok(pending) if pending.is_empty() => {}
         Ok(pending) => {
             report.push_str("storage the intent logs still name (see `forget-storage`):\n");
@@ -65,6 +65,6 @@ async fn release(args: ReleaseArgs) -> anyhow::Result<String> {
 }
 
 async fn forget(args: ForgetArgs) -> anyhow::Result<String> {
-    let client = run::client(args.kubeconfig.as_deref()).await?;
-    uninstall::forget_storage(client, &args.namespace, &args.pv, args.dry_run).await
+    let client = run::client(args.cluster.kubeconfig.as_deref()).await?;
+    uninstall::forget_storage(client, &args.cluster.namespace, &args.pv, args.dry_run).await
 }
