@@ -804,14 +804,7 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
 
 async fn memory(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<()> {
     let runs = env_usize("WP_BENCH_RUNS", 3);
-    let storage = tempfile::tempdir()?;
-    let plugins = tempfile::tempdir()?;
-    let cache = tempfile::tempdir()?;
-    plugins_with(
-        plugins.path(),
-        storage.path(),
-        &["guest-a", "guest-b", "guest-c"],
-    );
+    let (_storage, plugins, cache) = three_guests()?;
     // Start-up twice with one module cache: the first compiles (cold), the second deserializes.
     let (cold, _) = settled_rss(cp, plugins.path(), cache.path(), &[], "cold").await?;
     let (warm, _) = settled_rss(cp, plugins.path(), cache.path(), &[], "warm").await?;
@@ -834,10 +827,7 @@ async fn memory(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<(
         "\nmemory and start-up: three guests loaded; {m} claims bound to {m} PVs ({bound} Bound, made in {:.0} s); {runs} processes each\n",
         filled.as_secs_f64()
     );
-    let mib = |kib: u64| kib as f64 / 1024.0;
-    println!("| figure | min | median | max |");
-    println!("|---|---:|---:|---:|");
-    for (what, [lo, mid, hi]) in [
+    print_rss_rows(&[
         ("RSS, no claims or PVs in the cluster", empty),
         (
             "RSS, caches full (default: settled claims dropped, settled PVs as their identity)",
@@ -847,14 +837,7 @@ async fn memory(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<(
             "RSS, caches full (whole objects, as an informer: `--cache-whole-objects`)",
             whole,
         ),
-    ] {
-        println!(
-            "| {what} | {:.1} MiB | {:.1} MiB | {:.1} MiB |",
-            mib(lo),
-            mib(mid),
-            mib(hi)
-        );
-    }
+    ]);
     for (what, values) in [
         (
             "process start → ready (caches synced), with the bound pairs in the cluster",
@@ -885,11 +868,9 @@ async fn memory(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<(
     Ok(())
 }
 
-/// The provisioner's RSS once the cluster holds `m` Pending claims of a class whose provisioner
-/// no loaded guest serves and `m` Available PVs of a static local-PV pool (no provisioner made
-/// them): nothing in the cluster is ours.
-async fn foreign(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<()> {
-    let runs = env_usize("WP_BENCH_RUNS", 3);
+/// The plugins directory of the memory figures (three guests, their storage beside it) and an
+/// empty module cache, kept alive by the caller.
+fn three_guests() -> anyhow::Result<(tempfile::TempDir, tempfile::TempDir, tempfile::TempDir)> {
     let storage = tempfile::tempdir()?;
     let plugins = tempfile::tempdir()?;
     let cache = tempfile::tempdir()?;
@@ -898,6 +879,30 @@ async fn foreign(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<
         storage.path(),
         &["guest-a", "guest-b", "guest-c"],
     );
+    Ok((storage, plugins, cache))
+}
+
+/// The header and one row per figure of an RSS table (min, median, max in KiB, printed in MiB).
+fn print_rss_rows(rows: &[(&str, [u64; 3])]) {
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    println!("| figure | min | median | max |");
+    println!("|---|---:|---:|---:|");
+    for (what, [lo, mid, hi]) in rows {
+        println!(
+            "| {what} | {:.1} MiB | {:.1} MiB | {:.1} MiB |",
+            mib(*lo),
+            mib(*mid),
+            mib(*hi)
+        );
+    }
+}
+
+/// The provisioner's RSS once the cluster holds `m` Pending claims of a class whose provisioner
+/// no loaded guest serves and `m` Available PVs of a static local-PV pool (no provisioner made
+/// them): nothing in the cluster is ours.
+async fn foreign(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<()> {
+    let runs = env_usize("WP_BENCH_RUNS", 3);
+    let (_storage, plugins, cache) = three_guests()?;
     let started = Instant::now();
     let (pending, available) = foreign_objects(admin, "bench-foreign", m).await?;
     let filled = started.elapsed();
@@ -915,10 +920,7 @@ async fn foreign(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<
         "\nmemory, nothing ours: three guests loaded; {m} Pending claims of another provisioner's class ({pending} Pending, annotated) and {m} Available PVs of a static pool ({available} Available), made in {:.0} s; {runs} processes each\n",
         filled.as_secs_f64()
     );
-    let mib = |kib: u64| kib as f64 / 1024.0;
-    println!("| figure | min | median | max |");
-    println!("|---|---:|---:|---:|");
-    for (what, [lo, mid, hi]) in [
+    print_rss_rows(&[
         (
             "RSS, caches full (default: foreign claims left out, static PVs as their identity)",
             default,
@@ -927,14 +929,7 @@ async fn foreign(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<
             "RSS, caches full (whole objects: `--cache-whole-objects`)",
             whole,
         ),
-    ] {
-        println!(
-            "| {what} | {:.1} MiB | {:.1} MiB | {:.1} MiB |",
-            mib(lo),
-            mib(mid),
-            mib(hi)
-        );
-    }
+    ]);
     Ok(())
 }
 

@@ -233,7 +233,7 @@ fn named_elsewhere(ctx: &Context, storage: &Storage) -> bool {
 
 /// A PV in the cache, other than `pv` itself (by UID and name), that names the storage `pv`
 /// names: storage that is someone else's now.
-pub(super) fn other_volume_naming(ctx: &Context, pv: &PersistentVolume) -> Option<String> {
+fn other_volume_naming(ctx: &Context, pv: &PersistentVolume) -> Option<String> {
     use kube::Resource;
     let mine = cache::storage_of(pv)?;
     let (uid, name) = (pv.metadata.uid.as_deref(), pv.metadata.name.as_deref());
@@ -324,7 +324,7 @@ async fn delete_recorded(
 
 /// Counts a failed delete in the entry (its handle for operators), with an event on the PV
 /// name, and gives up at `--failed-delete-threshold`.
-pub(super) fn failed(
+fn failed(
     handle: &Handle<'_>,
     log: &IntentLog,
     key: &str,
