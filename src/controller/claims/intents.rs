@@ -76,7 +76,7 @@ const AHEAD_WHILE_BELOW: usize = 256;
 /// Intents for the claims that will be provisioned next (ready as the plan sees them, not yet in
 /// the log): one intent write then covers a whole queue of claims instead of one. An intent for a
 /// claim that is then never provisioned is harmless: it is dropped once the claim is settled, and
-/// if the claim goes first, recovery asks its guest for (and deletes) whatever storage exists.
+/// if the claim goes first, recovery drops it too (it records nothing built, so it deletes nothing).
 pub(super) fn intents_ahead(
     handle: &Handle<'_>,
     plugins: &Plugins,
@@ -99,17 +99,16 @@ pub(super) fn intents_ahead(
         if uid == current || log.holds(uid) {
             continue;
         }
-        let class = decide::claim_class(pvc).and_then(|name| ctx.class(name));
         let facts = Facts {
             handle,
             pvc,
             plugins,
-            class: class.clone(),
+            class: decide::claim_class(pvc).and_then(|name| ctx.class(name)),
         };
         let ClaimPlan::Provision { provisioner, .. } = plan::plan_claim(pvc, &facts) else {
             continue;
         };
-        let (Some(class), Some(pv)) = (class, decide::pv_name(pvc)) else {
+        let Some(pv) = decide::pv_name(pvc) else {
             continue;
         };
         // Given up or backing off after a failure: recorded when its turn comes, not ahead.
@@ -118,7 +117,6 @@ pub(super) fn intents_ahead(
         {
             continue;
         }
-        let _ = class;
         ahead.push((uid.to_string(), claim_entry(provisioner, &pv, pvc)));
     }
     ahead
