@@ -13,6 +13,7 @@
 pub mod config;
 pub mod controller;
 pub mod http;
+pub mod malloc;
 pub mod metrics;
 pub mod offline;
 pub mod run;

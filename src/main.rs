@@ -5,8 +5,21 @@ use wasm_provisioner::config::{Cli, Command};
 use wasm_provisioner::config::{ForgetArgs, ReleaseArgs};
 use wasm_provisioner::{offline, run, telemetry, uninstall};
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
+    wasm_provisioner::malloc::limit_arenas();
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(run_command()),
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_command() -> std::process::ExitCode {
     let cli = Cli::parse();
     telemetry::init(cli.log_format);
     let result = match cli.command {

@@ -16,9 +16,10 @@
 //! provision, [`super::sandbox_fs`] the second at `rename-at` (see `docs/threat-model.md`).
 //! It is process-wide (every guest, every grant), keyed by the path as the node sees it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 
@@ -51,79 +52,97 @@ pub enum ServedError {
     },
 }
 
-/// Served paths, each with the volumes at it (static `local` PVs on different nodes may share one).
+/// Served paths, each with how many volumes are at it (static `local` PVs on different nodes may
+/// share one).
 #[derive(Debug, Default)]
 pub struct ServedPaths {
     inner: Mutex<Index>,
 }
 
+/// Every PV with a node path is in here (10,000 static PVs are 10,000 entries), so an entry is
+/// one shared path and one name: about 150 bytes, where a set of names per path cost 540.
 #[derive(Debug, Default)]
 struct Index {
-    by_path: BTreeMap<PathBuf, BTreeSet<String>>,
-    by_volume: HashMap<String, PathBuf>,
+    /// How many volumes are at each path; ordered by component, so a path's descendants follow
+    /// it.
+    by_path: BTreeMap<Arc<Path>, u32>,
+    by_volume: HashMap<Box<str>, Arc<Path>>,
 }
 
 impl Index {
     fn insert(&mut self, volume: &str, path: &Path) {
+        if self.by_volume.get(volume).is_some_and(|at| **at == *path) {
+            return;
+        }
         self.remove(volume);
-        self.by_path
-            .entry(path.to_owned())
-            .or_default()
-            .insert(volume.to_owned());
-        self.by_volume.insert(volume.to_owned(), path.to_owned());
+        let shared = match self.by_path.get_key_value(path) {
+            Some((at, _)) => at.clone(),
+            None => Arc::from(path),
+        };
+        *self.by_path.entry(shared.clone()).or_default() += 1;
+        self.by_volume.insert(volume.into(), shared);
     }
 
     fn remove(&mut self, volume: &str) {
         let Some(path) = self.by_volume.remove(volume) else {
             return;
         };
-        if let Some(volumes) = self.by_path.get_mut(&path) {
-            volumes.remove(volume);
-            if volumes.is_empty() {
+        if let Some(count) = self.by_path.get_mut(&path) {
+            *count -= 1;
+            if *count == 0 {
                 self.by_path.remove(&path);
             }
         }
     }
 
+    /// How many volumes other than `volume` are at `at`.
+    fn others_at(&self, volume: &str, at: &Path, count: u32) -> u32 {
+        let own = self.by_volume.get(volume).is_some_and(|p| **p == *at);
+        count - u32::from(own)
+    }
+
+    /// A volume other than `volume` at `at` (the error path only: a scan).
+    fn other_name(&self, volume: &str, at: &Path) -> String {
+        self.by_volume
+            .iter()
+            .find(|(name, p)| &***name != volume && ***p == *at)
+            .map(|(name, _)| name.to_string())
+            .unwrap_or_default()
+    }
+
     /// Another volume at `path`, above it or below it.
     fn conflict(&self, volume: &str, path: &Path) -> Option<ServedError> {
-        let other_than = |at: &Path| {
-            self.by_path
-                .get(at)
-                .and_then(|volumes| volumes.iter().find(|v| *v != volume))
-        };
-        let nested = |relation, other: &String, at: &Path| ServedError::Nested {
+        let nested = |relation, at: &Path| ServedError::Nested {
             path: path.display().to_string(),
             relation,
-            other: other.clone(),
+            other: self.other_name(volume, at),
             other_path: at.display().to_string(),
         };
-        if let Some(other) = other_than(path) {
-            return Some(nested("is the path", other, path));
+        let taken = |at: &Path| {
+            self.by_path
+                .get(at)
+                .is_some_and(|count| self.others_at(volume, at, *count) > 0)
+        };
+        if taken(path) {
+            return Some(nested("is the path", path));
         }
-        for above in path.ancestors().skip(1) {
-            if let Some(other) = other_than(above) {
-                return Some(nested("is inside", other, above));
-            }
+        if let Some(above) = path.ancestors().skip(1).find(|above| taken(above)) {
+            return Some(nested("is inside", above));
         }
         // Descendants sort right after `path` (paths compare by component).
         self.by_path
-            .range(path.to_owned()..)
+            .range::<Path, _>((Bound::Excluded(path), Bound::Unbounded))
             .take_while(|(at, _)| at.starts_with(path))
-            .find_map(|(at, volumes)| {
-                volumes
-                    .iter()
-                    .find(|v| *v != volume)
-                    .map(|other| nested("contains", other, at))
-            })
+            .find(|(at, count)| self.others_at(volume, at, **count) > 0)
+            .map(|(at, _)| nested("contains", at))
     }
 
     /// A served path that `path` is, or lies above.
     fn touches(&self, path: &Path) -> Option<&Path> {
         self.by_path
-            .range(path.to_owned()..)
+            .range::<Path, _>((Bound::Included(path), Bound::Unbounded))
             .next()
-            .map(|(at, _)| at.as_path())
+            .map(|(at, _)| &**at)
             .filter(|at| at.starts_with(path))
     }
 }
@@ -288,5 +307,26 @@ mod tests {
         reserve(&index, "a", "/srv/vol/b").unwrap();
         assert_eq!(index.len(), 1);
         assert_eq!(reserve(&index, "c", "/srv/vol/a/x"), Ok(()));
+    }
+
+    #[test]
+    fn volumes_sharing_a_path_are_counted_each() {
+        let index = ServedPaths::default();
+        // Static `local` PVs of two nodes at one path.
+        index.lock().insert("node-1-disk", Path::new("/mnt/disk"));
+        index.lock().insert("node-2-disk", Path::new("/mnt/disk"));
+        assert_eq!(index.len(), 1);
+        let err = index
+            .reserve("node-1-disk", Path::new("/mnt/disk"), [Path::new("/mnt")])
+            .unwrap_err();
+        assert!(err.to_string().contains("node-2-disk"), "{err}");
+        index.release("node-2-disk");
+        assert_eq!(
+            index.reserve("node-1-disk", Path::new("/mnt/disk"), [Path::new("/mnt")]),
+            Ok(())
+        );
+        index.release("node-1-disk");
+        assert!(index.is_empty());
+        assert_eq!(index.touches(Path::new("/mnt")), None);
     }
 }

@@ -900,6 +900,42 @@ async fn a_guest_that_keeps_answering_transient_is_retried_ever_later_without_co
 }
 
 #[tokio::test]
+async fn a_retry_at_the_cap_is_parked_without_a_call_and_woken_when_a_place_frees() {
+    use futures::StreamExt;
+    use kube::runtime::reflector::ObjectRef;
+    let (mut world, _log) = World::logged();
+    world.class("stuck", json!({"fail": "transient"}), json!({}));
+    let pvc = world.claim(claim_of("data", "stuck", P));
+    let error = world.provision(&pvc).await.expect_err("transient");
+    claims::error_policy(pvc.clone(), &error, world.ctx.clone());
+    let mut wakeups = world.ctx.retries.wakeups();
+    let other = |n: usize| ObjectRef::new(&format!("other-{n}")).within("ns");
+    let held: Vec<_> = (0..world.ctx.retries.limit())
+        .map(|n| world.ctx.retries.acquire_or_park(other(n)).expect("place"))
+        .collect();
+    let (calls, requests) = (world.guest_calls(), world.api.requests().len());
+    let action = world.provision(&pvc).await.expect("parked");
+    assert_eq!(
+        requeue_after(&action),
+        None,
+        "parked, not requeued: {action:?}"
+    );
+    assert_eq!(world.guest_calls(), calls, "no guest call");
+    assert_eq!(world.api.requests().len(), requests, "no request");
+    assert_eq!(world.ctx.retries.parked(), 1);
+    drop(held);
+    let woken = tokio::time::timeout(Duration::from_secs(5), wakeups.next())
+        .await
+        .expect("woken");
+    assert_eq!(woken, Some(ObjectRef::from_obj(&*pvc)));
+    world
+        .provision(&pvc)
+        .await
+        .expect_err("its turn: the guest called again");
+    assert_ne!(world.guest_calls(), calls);
+}
+
+#[tokio::test]
 async fn claims_with_huge_annotations_do_not_fill_the_log() {
     let (mut world, log) = World::logged();
     let mut claims = Vec::new();

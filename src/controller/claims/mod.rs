@@ -277,11 +277,11 @@ async fn call_guest(
     let pv_name = decide::pv_name(pvc).ok_or(ClaimError::NoUid)?;
     let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
     // A retry never takes the last worker (see `inflight`): when the retries in flight are at
-    // their limit it waits again, before any request or guest call.
+    // their limit it is parked, before any request or guest call, until one of them ends.
     let _retry = if ctx.claim_book.is_retrying(uid) {
-        let Some(slot) = ctx.retries.try_acquire() else {
-            tracing::trace!("retries at their limit; waiting again");
-            return Ok(Done::RetryIn(ctx.claim_book.retry_wait(ctx, uid)));
+        let Some(slot) = ctx.retries.acquire_or_park(ObjectRef::from_obj(pvc)) else {
+            tracing::trace!("retries at their limit; parked");
+            return Ok(Done::Nothing);
         };
         Some(slot)
     } else {

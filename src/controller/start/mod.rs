@@ -316,6 +316,7 @@ fn run_controllers(
             watches::reload_ticks(ticks.reloaded.clone()),
         ))
         .reconcile_all_on(gained())
+        .reconcile_on(ctx.retries.wakeups())
         .graceful_shutdown_on(stopping.clone().requested())
         .run(claims::reconcile, claims::error_policy, ctx.clone())
         .for_each(|result| async move {
@@ -383,6 +384,8 @@ async fn report_ready(caches: Caches, metrics: Metrics) {
         if synced(&caches.classes) && synced(&caches.volumes) && synced(&caches.claims) {
             tracing::info!("caches synced; ready");
             metrics.set_ready(true);
+            // The initial lists' objects that the caches did not keep are freed by now.
+            crate::malloc::give_back();
             return;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -44,6 +44,7 @@ pub(super) async fn forget_gone_objects(ctx: Arc<Context>) -> &'static str {
     loop {
         tokio::time::sleep(FORGET_PERIOD).await;
         ctx.forget_gone();
+        crate::malloc::give_back();
     }
 }
 
