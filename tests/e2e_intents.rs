@@ -46,28 +46,18 @@ impl World {
     /// Starts the provisioner as the shipped RBAC identity, as replica `instance`, with the
     /// suite's fast retries.
     fn start(&mut self, instance: &str) -> anyhow::Result<()> {
-        self.start_with(
-            instance,
-            &[
-                "--retry-interval-start",
-                "300ms",
-                "--retry-interval-max",
-                "2s",
-            ],
-        )
+        self.start_with(instance, &[])
     }
 
-    fn start_with(&mut self, instance: &str, retries: &[&str]) -> anyhow::Result<()> {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
-        cmd.args(["run", "--plugins"])
-            .arg(self.plugins.path())
-            .arg("--kubeconfig")
-            .arg(self.cp.provisioner_kubeconfig())
-            .args(retries)
-            .args(["--instance-name", instance])
+    /// [`World::start`] with `extra` flags.
+    fn start_with(&mut self, instance: &str, extra: &[&str]) -> anyhow::Result<()> {
+        let mut cmd = self
+            .fx
+            .provisioner_command(self.plugins.path(), self.cp.provisioner_kubeconfig());
+        cmd.args(["--instance-name", instance])
             .args(["--leader-election-namespace", LOG_NAMESPACE])
             .args(["--leader-election-lease-name", &self.ns])
-            .env("RUST_LOG", "info,wasm_provisioner=debug");
+            .args(extra);
         self.process = Some(self.spawn(instance, cmd)?);
         Ok(())
     }
@@ -321,14 +311,7 @@ async fn release_finalizers_finds_one_claim_under_the_shipped_rbac(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
     let mut w = World::new(cp, "release-one").await?;
-    w.start_with(
-        "release-one-0",
-        &[
-            "--retry-interval-start",
-            "300ms",
-            "--intent-record=claim-finalizer",
-        ],
-    )?;
+    w.start_with("release-one-0", &["--intent-record=claim-finalizer"])?;
     let class = w.class("flaky").param("fail", "transient").create().await?;
     w.claim("data").class(&class).create().await?;
     let claims = w.claims();

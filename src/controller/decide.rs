@@ -268,12 +268,33 @@ pub fn exceeded_threshold(failures: u32, threshold: u32) -> bool {
     threshold > 0 && failures >= threshold
 }
 
+/// A PV named `pvc-1` in `phase` with reclaim `policy`, provisioned by `by`: the fixture of the
+/// decision tables here and in [`super::plan`].
+#[cfg(test)]
+pub(crate) fn test_pv(phase: &str, policy: &str, by: Option<&str>) -> PersistentVolume {
+    use k8s_openapi::api::core::v1::{PersistentVolumeSpec, PersistentVolumeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some("pvc-1".into()),
+            annotations: by.map(|b| [(ANN_PROVISIONED_BY.to_string(), b.to_string())].into()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            persistent_volume_reclaim_policy: Some(policy.into()),
+            ..Default::default()
+        }),
+        status: Some(PersistentVolumeStatus {
+            phase: Some(phase.into()),
+            ..Default::default()
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{
-        PersistentVolumeClaimSpec, PersistentVolumeSpec, PersistentVolumeStatus,
-    };
+    use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
     const P: &str = "example.com/p";
@@ -473,21 +494,7 @@ mod tests {
     }
 
     fn pv(phase: &str, policy: &str, by: Option<&str>) -> PersistentVolume {
-        PersistentVolume {
-            metadata: ObjectMeta {
-                name: Some("pvc-1".into()),
-                annotations: by.map(|b| [(ANN_PROVISIONED_BY.to_string(), b.to_string())].into()),
-                ..Default::default()
-            },
-            spec: Some(PersistentVolumeSpec {
-                persistent_volume_reclaim_policy: Some(policy.into()),
-                ..Default::default()
-            }),
-            status: Some(PersistentVolumeStatus {
-                phase: Some(phase.into()),
-                ..Default::default()
-            }),
-        }
+        test_pv(phase, policy, by)
     }
 
     #[test]

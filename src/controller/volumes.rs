@@ -172,6 +172,16 @@ struct Facts<'a> {
     ctx: &'a Context,
     plugins: &'a Plugins,
     pv: &'a PersistentVolume,
+    /// What an intent entry for deleting its storage holds: sized by the plan, written by the
+    /// PV-first delete.
+    storage: std::cell::OnceCell<Storage>,
+}
+
+impl Facts<'_> {
+    fn storage(&self) -> &Storage {
+        self.storage
+            .get_or_init(|| storage::record(self.pv, self.ctx))
+    }
 }
 
 impl VolumeFacts for Facts<'_> {
@@ -196,10 +206,9 @@ impl VolumeFacts for Facts<'_> {
     fn entry_fits(&self) -> Option<bool> {
         let log = self.ctx.intents.as_ref()?;
         let provisioner = decide::claim_provisioner_of_volume(self.pv).unwrap_or_default();
-        let storage = storage::record(self.pv, self.ctx);
         Some(log.fits(
             self.pv.metadata.uid.as_deref().unwrap_or_default(),
-            &deleted_entry(provisioner, self.pv, &storage),
+            &deleted_entry(provisioner, self.pv, self.storage()),
         ))
     }
 }
@@ -212,6 +221,7 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
         ctx,
         plugins: &plugins,
         pv,
+        storage: Default::default(),
     };
     let (provisioner, order) = match plan::plan_volume(pv, &facts) {
         VolumePlan::Skip(reason) => {
@@ -251,7 +261,10 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
     let live = match order {
         DeleteOrder::PvFirst => {
             let log = ctx.intents.as_ref().expect("planned with a log");
-            let storage = storage::record(pv, ctx);
+            let storage = facts
+                .storage
+                .into_inner()
+                .unwrap_or_else(|| storage::record(pv, ctx));
             return delete_pv_first(handle, pv, &guest, provisioner, log, storage).await;
         }
         DeleteOrder::BehindFinalizer => {

@@ -103,8 +103,7 @@ pub fn plan_volume<'a>(pv: &'a PersistentVolume, facts: &impl VolumeFacts) -> Vo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{PersistentVolumeSpec, PersistentVolumeStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     const P: &str = "example.com/p";
 
@@ -148,24 +147,12 @@ mod tests {
     }
 
     fn pv(phase: &str, policy: &str, finalizer: bool, deleting: bool) -> PersistentVolume {
-        PersistentVolume {
-            metadata: ObjectMeta {
-                name: Some("pvc-u".into()),
-                uid: Some("u".into()),
-                annotations: Some([(decide::ANN_PROVISIONED_BY.to_string(), P.to_string())].into()),
-                finalizers: finalizer.then(|| vec![FINALIZER_PV.to_string()]),
-                deletion_timestamp: deleting.then(|| Time(Default::default())),
-                ..Default::default()
-            },
-            spec: Some(PersistentVolumeSpec {
-                persistent_volume_reclaim_policy: Some(policy.into()),
-                ..Default::default()
-            }),
-            status: Some(PersistentVolumeStatus {
-                phase: Some(phase.into()),
-                ..Default::default()
-            }),
-        }
+        let mut pv = decide::test_pv(phase, policy, Some(P));
+        pv.metadata.name = Some("pvc-u".into());
+        pv.metadata.uid = Some("u".into());
+        pv.metadata.finalizers = finalizer.then(|| vec![FINALIZER_PV.to_string()]);
+        pv.metadata.deletion_timestamp = deleting.then(|| Time(Default::default()));
+        pv
     }
 
     fn delete(order: DeleteOrder) -> VolumePlan<'static> {
