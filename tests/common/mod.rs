@@ -208,8 +208,9 @@ pub fn shipped_grant(dir: &str, replacements: &[(&str, &str)]) -> String {
 }
 
 /// A small component whose functions are huge: `functions` bodies of `ops` additions over
-/// `locals` locals that all stay live to the end (register pressure for the compiler).
-pub fn compile_bomb(functions: usize, locals: usize, ops: usize) -> String {
+/// `locals` locals that all stay live to the end (register pressure for the compiler), as the
+/// binary a `.wasm` file holds.
+pub fn compile_bomb(functions: usize, locals: usize, ops: usize) -> Vec<u8> {
     use std::fmt::Write as _;
     let mut wat = String::from("(component (core module\n");
     for f in 0..functions {
@@ -237,5 +238,5 @@ pub fn compile_bomb(functions: usize, locals: usize, ops: usize) -> String {
         wat.push_str(")\n");
     }
     wat.push_str("))\n");
-    wat
+    wat::parse_str(&wat).expect("the bomb's text parses")
 }
