@@ -13,10 +13,14 @@
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const ARENAS: libc::c_int = 2;
 
-/// Caps glibc's arenas. Call before any thread starts: an arena is made per thread on demand.
+/// Caps glibc's arenas unless the environment sets a cap (`MALLOC_ARENA_MAX`, or
+/// `glibc.malloc.arena_max` in `GLIBC_TUNABLES`). Call before any thread starts: an arena is
+/// made per thread on demand.
 pub fn limit_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none()
+        && !std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("arena_max"))
+    {
         // SAFETY: mallopt only sets a tunable of the allocator; called before other threads
         // exist, nothing allocates concurrently.
         unsafe {

@@ -159,13 +159,25 @@ impl Retries {
             .unwrap_or_else(|| unbounded().1)
     }
 
-    /// Forgets parked claims that `exists` says are gone.
-    pub fn retain_parked(&self, exists: impl Fn(&ObjectRef<PersistentVolumeClaim>) -> bool) {
+    /// Forgets parked claims that `exists` says are gone, and wakes parked claims for places
+    /// that are free. A woken claim may not take the place it was woken for (deleted, bound or
+    /// no longer failing meanwhile), and nothing else would wake the others until a retry in
+    /// flight ends; run periodically, this bounds such a stall.
+    pub fn refresh(&self, exists: impl Fn(&ObjectRef<PersistentVolumeClaim>) -> bool) {
         let mut state = self.state.lock().expect("lock");
         let RetryState {
-            parked, is_parked, ..
+            running,
+            parked,
+            is_parked,
         } = &mut *state;
         parked.retain(|claim| exists(claim) || !is_parked.remove(claim));
+        for _ in 0..self.limit.saturating_sub(*running) {
+            let Some(claim) = parked.pop_front() else {
+                break;
+            };
+            is_parked.remove(&claim);
+            let _ = self.wake.unbounded_send(claim);
+        }
     }
 
     /// Retries in flight.
@@ -258,8 +270,8 @@ mod tests {
         assert!(retries.acquire_or_park(claim("a")).is_none(), "parked once");
         assert!(retries.acquire_or_park(claim("gone")).is_none());
         assert_eq!((retries.running(), retries.parked()), (3, 3));
-        retries.retain_parked(|c| c.name != "gone");
-        assert_eq!(retries.parked(), 2);
+        retries.refresh(|c| c.name != "gone");
+        assert_eq!(retries.parked(), 2, "no place free: nobody woken");
         held.pop();
         held.pop();
         held.pop();
@@ -273,5 +285,23 @@ mod tests {
         );
         assert_eq!(Retries::new(1).limit(), 1, "a single worker still retries");
         assert_eq!(Retries::new(0).limit(), 1);
+    }
+
+    #[test]
+    fn a_refresh_wakes_parked_claims_for_places_nobody_took() {
+        let claim = |name: &str| ObjectRef::<PersistentVolumeClaim>::new(name).within("ns");
+        let retries = Retries::new(2);
+        let mut wakeups = retries.wakeups();
+        let held = retries.acquire_or_park(claim("held")).expect("place");
+        for name in ["a", "b"] {
+            assert!(retries.acquire_or_park(claim(name)).is_none());
+        }
+        drop(held);
+        assert_eq!(wakeups.try_recv().ok(), Some(claim("a")));
+        // `a` was deleted meanwhile and never takes its place: `b` waits though a place is free.
+        assert_eq!((retries.running(), retries.parked()), (0, 1));
+        retries.refresh(|_| true);
+        assert_eq!(wakeups.try_recv().ok(), Some(claim("b")));
+        assert_eq!(retries.parked(), 0);
     }
 }

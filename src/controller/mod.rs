@@ -273,7 +273,7 @@ impl Context {
             .collect();
         self.claim_book.retain(|uid| claims.contains(uid));
         self.retries
-            .retain_parked(|claim| self.claims.get(claim).is_some());
+            .refresh(|claim| self.claims.get(claim).is_some());
         self.volume_book.retain(|name| volumes.contains(name));
         self.metrics
             .retain_retries(Queue::Claims, |uid| claims.contains(uid));

@@ -923,6 +923,11 @@ async fn a_retry_at_the_cap_is_parked_without_a_call_and_woken_when_a_place_free
     assert_eq!(world.guest_calls(), calls, "no guest call");
     assert_eq!(world.api.requests().len(), requests, "no request");
     assert_eq!(world.ctx.retries.parked(), 1);
+    assert_eq!(
+        world.ctx.metrics.retries_waiting(Queue::Claims),
+        1,
+        "a parked retry still counts as waiting"
+    );
     drop(held);
     let woken = tokio::time::timeout(Duration::from_secs(5), wakeups.next())
         .await

@@ -279,8 +279,13 @@ async fn call_guest(
     // A retry never takes the last worker (see `inflight`): when the retries in flight are at
     // their limit it is parked, before any request or guest call, until one of them ends.
     let _retry = if ctx.claim_book.is_retrying(uid) {
-        let Some(slot) = ctx.retries.acquire_or_park(ObjectRef::from_obj(pvc)) else {
+        // Name and namespace only: the queue may hold thousands.
+        let parked = ObjectRef::new(&pvc.name_any()).within(&pvc.namespace().unwrap_or_default());
+        let Some(slot) = ctx.retries.acquire_or_park(parked) else {
             tracing::trace!("retries at their limit; parked");
+            // Still a retry waiting, for the queue-depth gauge.
+            ctx.metrics
+                .retry_scheduled(crate::metrics::Queue::Claims, uid);
             return Ok(Done::Nothing);
         };
         Some(slot)

@@ -44,7 +44,8 @@ pub(super) async fn forget_gone_objects(ctx: Arc<Context>) -> &'static str {
     loop {
         tokio::time::sleep(FORGET_PERIOD).await;
         ctx.forget_gone();
-        crate::malloc::give_back();
+        // Off the runtime's threads: it takes each arena's lock while it walks it.
+        tokio::task::spawn_blocking(crate::malloc::give_back);
     }
 }
 
