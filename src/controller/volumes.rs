@@ -1,5 +1,6 @@
 //! The delete path: one reconcile per PV, from "released and ours?" to storage and PV gone.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -175,6 +176,9 @@ struct Facts<'a> {
     /// What an intent entry for deleting its storage holds: sized by the plan, written by the
     /// PV-first delete.
     storage: std::cell::OnceCell<Storage>,
+    /// Only whether the plan deletes is asked, not in which order: the entry's size (a record
+    /// built per PV) is not needed.
+    order_unused: bool,
 }
 
 impl Facts<'_> {
@@ -205,6 +209,9 @@ impl VolumeFacts for Facts<'_> {
 
     fn entry_fits(&self) -> Option<bool> {
         let log = self.ctx.intents.as_ref()?;
+        if self.order_unused {
+            return Some(true);
+        }
         let provisioner = decide::claim_provisioner_of_volume(self.pv).unwrap_or_default();
         Some(log.fits(
             self.pv.metadata.uid.as_deref().unwrap_or_default(),
@@ -222,6 +229,7 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
         plugins: &plugins,
         pv,
         storage: Default::default(),
+        order_unused: false,
     };
     let (provisioner, order) = match plan::plan_volume(pv, &facts) {
         VolumePlan::Skip(reason) => {
@@ -249,8 +257,17 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
         .expect("planned for a served provisioner")
         .clone();
     tracing::Span::current().record("guest", guest.name());
+    // Without a precondition on the delete (storage first), the guard is asked about the PV as
+    // the API server has it now; the other orders delete only the version the cache showed.
+    let guarded = match order {
+        DeleteOrder::StorageFirst => match reread_deletable(handle, pv, &plugins).await? {
+            Some(live) => Cow::Owned(live),
+            None => return Ok(Done::Nothing),
+        },
+        DeleteOrder::PvFirst | DeleteOrder::BehindFinalizer => Cow::Borrowed(pv),
+    };
     if !handle
-        .guest(storage::guard(&guest, pv))
+        .guest(storage::guard(&guest, &guarded))
         .await?
         .map_err(VolumeError::from)?
     {
@@ -276,23 +293,7 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
                 PvDeleted::Changed | PvDeleted::Gone => return Ok(Done::Nothing),
             }
         }
-        DeleteOrder::StorageFirst => {
-            // Re-read from the API server: the cache may be behind (rebound, already deleted).
-            let Some(live) = handle.get_pv(&pv.name_any()).await? else {
-                return Ok(Done::Nothing);
-            };
-            if live.metadata.uid != pv.metadata.uid
-                || decide::should_delete(
-                    &live,
-                    |p| plugins.serves(p),
-                    ctx.settings.add_pv_finalizer,
-                )
-                .is_none()
-            {
-                return Ok(Done::Nothing);
-            }
-            live
-        }
+        DeleteOrder::StorageFirst => guarded.into_owned(),
     };
     let class = ctx.class(&class_name_of(&live));
     if !delete_storage(handle, &live, &guest, class.as_deref()).await? {
@@ -305,6 +306,20 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
     }
     tracing::info!(guest = guest.name(), "volume deleted");
     Ok(Done::Succeeded)
+}
+
+/// The PV as the API server has it now, if it is still the one decided on and still to be
+/// deleted: the cache may be behind (rebound, switched to Retain, re-annotated, deleted).
+async fn reread_deletable(
+    handle: &Handle<'_>,
+    pv: &PersistentVolume,
+    plugins: &Plugins,
+) -> Result<Option<PersistentVolume>, VolumeError> {
+    let finalizer_mode = handle.ctx().settings.add_pv_finalizer;
+    Ok(handle.get_pv(&pv.name_any()).await?.filter(|live| {
+        live.metadata.uid == pv.metadata.uid
+            && decide::should_delete(live, |p| plugins.serves(p), finalizer_mode).is_some()
+    }))
 }
 
 /// A volume that is not to be deleted may have been recorded ahead of its turn: its entry goes.
@@ -420,23 +435,25 @@ fn intents_ahead(ctx: &Context, current: &str, log: &IntentLog) -> Vec<(String, 
     ahead
 }
 
-/// The provisioner whose guest the volume path will ask to delete this cached PV's storage
-/// (Released, ours, on this node, not deleted by us already), in intent-log mode.
+/// The provisioner whose guest the volume path will ask to delete this cached PV's storage:
+/// what [`plan::plan_volume`] decides for it now (Released, ours, on this node, not deleted by us
+/// already).
 pub(super) fn queued_for_delete<'a>(
     ctx: &Context,
     plugins: &Plugins,
     pv: &'a PersistentVolume,
 ) -> Option<&'a str> {
-    let uid = pv.metadata.uid.as_deref().unwrap_or_default();
-    if ctx.recent.was_deleted(uid)
-        || ctx
-            .node
-            .as_ref()
-            .is_some_and(|node| !matches!(node.volume_owner(pv), VolumeOwner::Mine))
-    {
-        return None;
+    let facts = Facts {
+        ctx,
+        plugins,
+        pv,
+        storage: Default::default(),
+        order_unused: true,
+    };
+    match plan::plan_volume(pv, &facts) {
+        VolumePlan::Delete { provisioner, .. } => Some(provisioner),
+        _ => None,
     }
-    decide::should_delete(pv, |p| plugins.serves(p), false)
 }
 
 /// Lets the intent-log writer record the volumes released by the time its write goes out: PVs

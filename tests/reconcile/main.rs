@@ -7,6 +7,7 @@ mod claim_cache;
 #[path = "../common/mod.rs"]
 mod common;
 mod fake_api;
+mod log_safety;
 mod volume_path;
 
 use std::sync::Arc;

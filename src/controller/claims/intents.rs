@@ -16,16 +16,20 @@ use crate::wasm::{CallError, Plugins};
 
 /// After an attempt: an entry whose guest built nothing and holds nothing in flight leaves the
 /// log (a claim that waits or fails is not kept there: it is recorded again when its turn
-/// comes); one that may stand for storage stays, recovery's from now on.
+/// comes); one that may stand for storage stays, recovery's from now on. A call that ended
+/// without an answer (a fault, a timeout, a build left in the background) may have built
+/// anything: should the claim go before a later call answers, its storage is kept and said so.
 pub(super) fn settle_entry(log: &IntentLog, key: &str, result: &Result<Action, ClaimError>) {
-    let may_hold_storage = match result {
-        Ok(_) => true,
-        Err(ClaimError::InBackground(_) | ClaimError::Timeout(_)) => true,
-        Err(ClaimError::Guest(CallError::Fault { .. })) => true,
-        Err(_) => false,
-    };
+    let unanswered = matches!(
+        result,
+        Err(ClaimError::InBackground(_)
+            | ClaimError::Timeout(_)
+            | ClaimError::Guest(CallError::Fault { .. }))
+    );
     let built = matches!(log.get(key), Some(Intent::Claim(entry)) if entry.built.is_some());
-    if may_hold_storage || built {
+    if unanswered {
+        log.attempt_unanswered(key);
+    } else if result.is_ok() || built {
         log.attempt_over(key);
     } else {
         log.done(key);

@@ -32,6 +32,7 @@ use super::gate::LockKey;
 use super::handle::Handle;
 use super::node::{ClaimOwner, Pin};
 use super::plan::{self, ClaimFacts, ClaimPlan, DeletedOwner, Reaction};
+use super::storage::intent::IntentError;
 use super::storage::{self, Qualified, StorageError};
 use super::{Context, IntentRecord};
 use crate::controller::convert::PvIdentity;
@@ -265,6 +266,22 @@ async fn provision(handle: &Handle<'_>, pvc: &PersistentVolumeClaim) -> Result<D
     }
 }
 
+/// The intent recorded on the claim itself: our finalizer, before any guest call. `None`: the
+/// claim changed since the cache showed it, and is decided again on the new one.
+async fn finalizer_intent(
+    handle: &Handle<'_>,
+    pvc: &PersistentVolumeClaim,
+) -> Result<Option<PersistentVolumeClaim>, ClaimError> {
+    match handle.set_claim_finalizer::<ClaimError>(pvc, true).await {
+        Ok(updated) => Ok(Some(updated)),
+        Err(ClaimError::Kube(kube::Error::Api(status))) if status.is_conflict() => {
+            tracing::debug!("claim changed since it was read; looking again");
+            Ok(None)
+        }
+        Err(error) => Err(error),
+    }
+}
+
 /// The guest call and what follows it: intent, provision, PV create or cleanup.
 async fn call_guest(
     handle: &Handle<'_>,
@@ -337,31 +354,32 @@ async fn call_guest(
     };
 
     let pvc = match (ctx.settings.intent, &ctx.intents) {
-        (IntentRecord::ClaimFinalizer, _) => {
-            match handle.set_claim_finalizer::<ClaimError>(pvc, true).await {
-                Ok(updated) => updated,
-                // The claim changed since the cache showed it: decide again on the new one.
-                Err(ClaimError::Kube(kube::Error::Api(status))) if status.is_conflict() => {
-                    tracing::debug!("claim changed since it was read; looking again");
-                    return Ok(Done::RetryIn(busy_wait()));
-                }
-                Err(error) => return Err(error),
-            }
-        }
+        (IntentRecord::ClaimFinalizer, _) => match finalizer_intent(handle, pvc).await? {
+            Some(updated) => updated,
+            None => return Ok(Done::RetryIn(busy_wait())),
+        },
         (IntentRecord::Log, Some(log)) => {
             let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
             handle.gate().await?;
             let ahead = intents::intents_ahead(handle, &ctx.plugins(), uid, log);
-            log.record(
-                uid,
-                &intents::claim_entry(&class.provisioner, &pv_name, pvc),
-                ahead,
-            )
-            .await
-            .inspect_err(|error| {
-                warn_claim(handle, pvc, events::PROVISIONING_FAILED, error.to_string())
-            })?;
-            pvc.clone()
+            let entry = intents::claim_entry(&class.provisioner, &pv_name, pvc);
+            match log.record(uid, &entry, ahead).await {
+                Ok(()) => pvc.clone(),
+                // The log is shared by every class: one that holds as much as it may (claims
+                // whose calls never answered, say) must not stop the others. This claim carries
+                // its own intent instead, as in per-claim mode.
+                Err(error @ (IntentError::Full { .. } | IntentError::TooLarge { .. })) => {
+                    tracing::info!(%error, "intent recorded on the claim instead (our finalizer)");
+                    match finalizer_intent(handle, pvc).await? {
+                        Some(updated) => updated,
+                        None => return Ok(Done::RetryIn(busy_wait())),
+                    }
+                }
+                Err(error) => {
+                    warn_claim(handle, pvc, events::PROVISIONING_FAILED, error.to_string());
+                    return Err(error.into());
+                }
+            }
         }
         (IntentRecord::Log | IntentRecord::Off, _) => pvc.clone(),
     };

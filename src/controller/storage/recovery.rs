@@ -49,9 +49,9 @@ pub struct EntryFacts {
     pub claim: Option<(String, bool, bool)>,
     /// Another live PV names the recorded storage.
     pub storage_named_elsewhere: bool,
-    /// The entry came from a stored log (an earlier process or another replica), not from a
-    /// reconcile of this process.
-    pub inherited: bool,
+    /// What the entry's guest call did is unknown: the entry came from a stored log (an earlier
+    /// process or another replica), or its last call ended without an answer.
+    pub outcome_unknown: bool,
 }
 
 /// What to do with one entry.
@@ -93,8 +93,8 @@ fn plan_claim_entry(key: &str, claim: &ClaimIntent, facts: &EntryFacts) -> Entry
         _ => {}
     }
     match &claim.built {
-        None if facts.inherited => EntryPlan::Keep(format!(
-            "the provisioner stopped while guest of {} may have been building storage for {} (claim {}/{}, now deleted); what it built is unknown, so nothing was deleted",
+        None if facts.outcome_unknown => EntryPlan::Keep(format!(
+            "the guest of {} may have built storage for {} (claim {}/{}, now deleted) in a call that never answered (the provisioner stopped, or the call timed out, faulted or went on in the background); what it built is unknown, so nothing was deleted",
             claim.provisioner, claim.pv, claim.namespace, claim.name
         )),
         // Recorded ahead and never called, or called and refused: nothing was built.
@@ -128,7 +128,7 @@ fn plan_volume_entry(key: &str, volume: &VolumeIntent, facts: &EntryFacts) -> En
             volume.pv
         )),
         (_, Some(_)) => EntryPlan::Delete,
-        (_, None) if facts.inherited => EntryPlan::Keep(format!(
+        (_, None) if facts.outcome_unknown => EntryPlan::Keep(format!(
             "PV {} is gone but no record says this provisioner deleted it (someone else did, or the provisioner stopped before it recorded its delete)",
             volume.pv
         )),
@@ -204,7 +204,7 @@ fn facts_of(ctx: &Context, log: &IntentLog, key: &str, intent: &Intent) -> Entry
         pv,
         claim,
         storage_named_elsewhere,
-        inherited: log.inherited(key),
+        outcome_unknown: log.outcome_unknown(key),
     }
 }
 
@@ -292,9 +292,16 @@ async fn delete_recorded(
 ) -> Result<bool, RecoveryError> {
     let ctx = handle.ctx();
     let storage = intent.storage().expect("planned with storage");
-    if let Some(why) = live_owner(handle, key, intent).await? {
-        keep(handle, key, intent, &why);
-        return Ok(true);
+    match live_owner(handle, key, intent).await? {
+        LiveOwner::None => {}
+        LiveOwner::Undecided(why) => {
+            tracing::debug!(pv = %intent.pv(), "recorded storage not deleted yet: {why}");
+            return Ok(false);
+        }
+        LiveOwner::Named(why) => {
+            keep(handle, key, intent, &why);
+            return Ok(true);
+        }
     }
     let plugins = ctx.plugins();
     let Some(guest) = plugins.for_provisioner(intent.provisioner()).cloned() else {
@@ -362,43 +369,70 @@ fn failed(
     Ok(())
 }
 
-/// Who stands for the recorded storage in the live cluster now, if anyone: a PV of the recorded
-/// name (recreated over it, or the claim's PV), or a claim of the recorded name that is alive.
+/// Who stands for the recorded storage in the live cluster now.
+enum LiveOwner {
+    /// Nobody: the storage may be deleted.
+    None,
+    /// A live object names it: it is kept for good (why).
+    Named(String),
+    /// A namesake claim whose volume is not known yet may be given the same storage by a
+    /// name-based pattern: not now (why), looked at again on the next pass.
+    Undecided(String),
+}
+
+/// Asks the API server who stands for the recorded storage now: a PV of the recorded name
+/// (recreated over it, or the claim's PV), or a live claim of the recorded name and namespace
+/// (the claim itself, or a namesake that uses, or may yet be given, the same storage).
 async fn live_owner(
     handle: &Handle<'_>,
     key: &str,
     intent: &Intent,
-) -> Result<Option<String>, RecoveryError> {
+) -> Result<LiveOwner, RecoveryError> {
     if let Some(live) = handle.get_pv(intent.pv()).await? {
         let same = live.metadata.uid.as_deref() == Some(key);
-        return Ok(Some(if same {
+        return Ok(LiveOwner::Named(if same {
             format!("PV {} is still there", intent.pv())
         } else {
             format!("PV {} exists again", intent.pv())
         }));
     }
-    if let Intent::Claim(claim) = intent
-        && let Some(live) = handle.find_claim(&claim.namespace, &claim.name).await?
-        && live.metadata.deletion_timestamp.is_none()
-    {
-        let uid = live.metadata.uid.as_deref().unwrap_or_default();
-        if uid == key {
-            return Ok(Some(format!(
-                "claim {}/{} is still there",
-                claim.namespace, claim.name
-            )));
-        }
-        if let Some(volume) = live.spec.as_ref().and_then(|s| s.volume_name.as_deref())
-            && let Some(pv) = handle.get_pv(volume).await?
-            && cache::storage_of(&pv) == intent.storage().and_then(|s| cache::storage_of(&s.volume))
-        {
-            return Ok(Some(format!(
-                "claim {}/{} (another claim of the same name) uses it through PV {volume}",
-                claim.namespace, claim.name
-            )));
-        }
+    let Intent::Claim(claim) = intent else {
+        return Ok(LiveOwner::None);
+    };
+    let Some(live) = handle.find_claim(&claim.namespace, &claim.name).await? else {
+        return Ok(LiveOwner::None);
+    };
+    if live.metadata.deletion_timestamp.is_some() {
+        return Ok(LiveOwner::None);
     }
-    Ok(None)
+    let (namespace, name) = (&claim.namespace, &claim.name);
+    if live.metadata.uid.as_deref() == Some(key) {
+        return Ok(LiveOwner::Named(format!(
+            "claim {namespace}/{name} is still there"
+        )));
+    }
+    let volume = live
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .filter(|v| !v.is_empty());
+    let Some(volume) = volume else {
+        return Ok(LiveOwner::Undecided(format!(
+            "claim {namespace}/{name} (another claim of the same name) has no volume yet"
+        )));
+    };
+    let Some(pv) = handle.get_pv(volume).await? else {
+        return Ok(LiveOwner::Undecided(format!(
+            "claim {namespace}/{name} (another claim of the same name) is bound to {volume}, which cannot be read"
+        )));
+    };
+    let recorded = intent.storage().and_then(|s| cache::storage_of(&s.volume));
+    if cache::storage_of(&pv) == recorded {
+        return Ok(LiveOwner::Named(format!(
+            "claim {namespace}/{name} (another claim of the same name) uses it through PV {volume}"
+        )));
+    }
+    Ok(LiveOwner::None)
 }
 
 #[cfg(test)]
@@ -438,7 +472,7 @@ mod tests {
         use EntryPlan::*;
         let gone = EntryFacts::default();
         let inherited = EntryFacts {
-            inherited: true,
+            outcome_unknown: true,
             ..EntryFacts::default()
         };
         let there = |queued| EntryFacts {
@@ -544,7 +578,7 @@ mod tests {
             ..EntryFacts::default()
         };
         let inherited = EntryFacts {
-            inherited: true,
+            outcome_unknown: true,
             ..EntryFacts::default()
         };
         let named = EntryFacts {

@@ -85,9 +85,10 @@ struct LogState {
     entry_generation: HashMap<String, u64>,
     /// Keys a reconcile of this process is working on now: it sees to them itself.
     fresh: HashSet<String>,
-    /// Keys taken from a stored log (an earlier process, another replica): this process does
-    /// not know what became of them.
-    inherited: HashSet<String>,
+    /// Keys whose outcome this process does not know: taken from a stored log (an earlier
+    /// process, another replica), or whose last guest call ended without an answer (a fault, a
+    /// timeout, a build going on in the background).
+    unknown: HashSet<String>,
     /// Our last write's resourceVersion (None: not written by this process yet).
     version: Option<String>,
     /// The last write's error, for records waiting on it.
@@ -127,7 +128,7 @@ impl LogState {
 
     fn remove(&mut self, key: &str) -> bool {
         self.entry_generation.remove(key);
-        self.inherited.remove(key);
+        self.unknown.remove(key);
         match self.entries.remove(key) {
             Some(text) => {
                 self.bytes -= key.len() + text.len();
@@ -338,9 +339,20 @@ impl IntentLog {
         self.state().fresh.remove(key);
     }
 
-    /// Whether the entry under `key` came from a stored log rather than from this process.
-    pub fn inherited(&self, key: &str) -> bool {
-        self.state().inherited.contains(key)
+    /// The reconcile that recorded `key` is over and its guest call ended without an answer:
+    /// whatever the guest built is unknown from now on, as after a crash.
+    pub fn attempt_unanswered(&self, key: &str) {
+        let mut state = self.state();
+        state.fresh.remove(key);
+        if state.entries.contains_key(key) {
+            state.unknown.insert(key.to_string());
+        }
+    }
+
+    /// Whether this process does not know what became of the entry under `key`: it came from a
+    /// stored log, or its last guest call ended without an answer.
+    pub fn outcome_unknown(&self, key: &str) -> bool {
+        self.state().unknown.contains(key)
     }
 
     /// Whether a reconcile of this process is working on `key` now (recovery leaves it alone).
@@ -420,7 +432,7 @@ impl IntentLog {
                         }
                         match state.put(&key, &intent, 0) {
                             Ok(()) => {
-                                state.inherited.insert(key);
+                                state.unknown.insert(key);
                             }
                             Err(error) => {
                                 tracing::warn!(%key, %error, "an earlier process's intent does not fit the log; left out")
@@ -558,7 +570,7 @@ impl IntentLog {
                 match state.put(&key, &intent, next) {
                     Ok(()) => {
                         generation = Some(state.bump());
-                        state.inherited.insert(key);
+                        state.unknown.insert(key);
                         adopted += 1;
                     }
                     Err(error) => {
@@ -597,7 +609,7 @@ impl IntentLog {
                 continue;
             };
             if state.put(key, &intent, 0).is_ok() {
-                state.inherited.insert(key.clone());
+                state.unknown.insert(key.clone());
                 taken += 1;
             }
         }
