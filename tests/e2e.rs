@@ -434,39 +434,122 @@ async fn killed_mid_call_then_claim_deleted_while_down_keeps_its_storage_and_say
 }
 
 /// An admin keeps a Released volume that was recorded ahead for deletion: Retain, then
-/// `kubectl delete pv`. Its storage stays, live and across a SIGKILL.
+/// `kubectl delete pv`. Its storage stays, live and across a SIGKILL. One volume worker and
+/// deletes that take a while hold the second volume in the queue, recorded ahead by the first.
 async fn retain_then_delete_keeps_the_storage(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
     let mut w = World::new(cp, "retain-then-delete", "scripted").await?;
-    w.start(&[])?;
-    let class = w.class("c").create().await?;
-    w.claim("first").class(&class).create().await?;
-    w.claim("second").class(&class).create().await?;
-    let first = w.wait_bound("first").await?;
-    let second = w.wait_bound("second").await?;
-    let storage = w.storage_of(&second.name_any());
-    // Kept by the admin before its claim goes: Retain, then the claims go, then the PV.
-    let retain = serde_json::json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}});
-    w.pvs()
-        .patch(
-            &second.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&retain),
-        )
-        .await?;
-    w.claims().delete("first", &DeleteParams::default()).await?;
+    w.start(&["--worker-threads", "1"])?;
+    let class = w.class("c").param("deleteDelayMs", "4000").create().await?;
+    for claim in ["blocker", "first", "second"] {
+        w.claim(claim).class(&class).create().await?;
+    }
+    let blocker = w.wait_bound("blocker").await?.name_any();
+    let names = [
+        w.wait_bound("first").await?.name_any(),
+        w.wait_bound("second").await?.name_any(),
+    ];
+    // The blocker's storage delete holds the only worker while both others become Released.
     w.claims()
-        .delete("second", &DeleteParams::default())
+        .delete("blocker", &DeleteParams::default())
         .await?;
-    w.wait_pv_gone(&first.name_any()).await?;
-    w.pvs()
-        .delete(&second.name_any(), &DeleteParams::default())
+    w.wait_pv_gone(&blocker).await?;
+    for claim in ["first", "second"] {
+        w.claims().delete(claim, &DeleteParams::default()).await?;
+    }
+    for pv in &names {
+        w.wait_pv_phase(pv, "Released").await?;
+    }
+    // The worker takes one of them next: its record carries the other one ahead, then its PV
+    // goes and its storage delete holds the worker again.
+    let pvs = w.pvs();
+    let gone = w
+        .wait("one of the two Released PVs deleted", || async {
+            for pv in &names {
+                if pvs.get_opt(pv).await?.is_none() {
+                    return Ok(Some(pv.clone()));
+                }
+            }
+            Ok(None)
+        })
         .await?;
-    w.wait_pv_gone(&second.name_any()).await?;
-    w.process.as_mut().unwrap().kill();
-    w.start(&[])?;
-    // Two recovery passes (every 10 s) see nothing to delete.
+    let kept = names.iter().find(|pv| **pv != gone).expect("two").clone();
+    let kept_pv = pvs.get(&kept).await?;
+    let kept_uid = kept_pv.metadata.uid.clone().unwrap_or_default();
+    let logs: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(w.admin.clone(), "wasm-provisioner");
+    let label = format!("wasm-provisioner.dev/intents={}", w.ns);
+    let recorded = logs
+        .list(&ListParams::default().labels(&label))
+        .await?
+        .items
+        .iter()
+        .any(|log| log.data.as_ref().is_some_and(|d| d.contains_key(&kept_uid)));
+    ensure!(recorded, "{kept} is recorded ahead in the intent log");
+    // The admin keeps it: Retain, then `kubectl delete pv`.
+    let retain = serde_json::json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}});
+    pvs.patch(&kept, &PatchParams::default(), &Patch::Merge(&retain))
+        .await?;
+    pvs.delete(&kept, &DeleteParams::default()).await?;
+    w.wait_pv_gone(&kept).await?;
+    let storage = w.storage_of(&kept);
+    let deleted = w.storage_of(&gone);
+    w.wait_until("the first volume's storage deleted", || !deleted.exists())
+        .await?;
+    // Two recovery passes (every 10 s), live, then two more after a SIGKILL.
     tokio::time::sleep(Duration::from_secs(22)).await;
     ensure!(storage.exists(), "the retained volume's storage is kept");
+    w.process.as_mut().unwrap().kill();
+    w.start(&["--worker-threads", "1"])?;
+    tokio::time::sleep(Duration::from_secs(22)).await;
+    ensure!(storage.exists(), "kept across a restart too");
+    let deletes_of_kept = w
+        .calls()
+        .iter()
+        .filter(|line| *line == &format!("delete {kept}"))
+        .count();
+    ensure!(deletes_of_kept == 0, "{:?}", w.calls());
+    Ok(())
+}
+
+/// Storage named after the claim (as `${pvc.namespace}/${pvc.name}` patterns do): the claim is
+/// deleted after a crash mid-call and created again under the same name, and its new volume gets
+/// the same directory. Recovery of the old claim never deletes it (before, it asked the guest to
+/// provision again to find out what to delete, and deleted the new claim's directory).
+async fn a_namesake_claims_storage_survives_recovery_of_the_old_claim(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "namesake", "scripted").await?;
+    w.start(&[])?;
+    let class = w
+        .class("by-claim")
+        .param("byClaim", "true")
+        .param("delayMs", "4000")
+        .create()
+        .await?;
+    let old = w.claim("data").class(&class).create().await?;
+    w.wait_guest_started(&pv_name(&old)).await?;
+    let directory = w.storage.path().join(format!("claim-{}-data", w.ns));
+    ensure!(
+        directory.is_dir(),
+        "the guest built {}",
+        directory.display()
+    );
+    w.process.as_mut().unwrap().kill();
+    w.claims().delete("data", &DeleteParams::default()).await?;
+    w.wait_claim_gone("data").await?;
+    let new = w.claim("data").class(&class).create().await?;
+    w.start(&[])?;
+    let bound = w.wait_bound("data").await?;
+    ensure!(bound.name_any() == pv_name(&new), "the new claim's own PV");
+    // The old claim's entry: what its guest built is unknown; it is kept and said so.
+    w.wait_event(&uid(&old), "StorageKept", &["unknown"])
+        .await?;
+    tokio::time::sleep(Duration::from_secs(22)).await;
+    ensure!(
+        directory.is_dir(),
+        "the new claim's directory is still there"
+    );
+    ensure!(w.count_calls("delete") == 0, "{:?}", w.calls());
     Ok(())
 }
 
@@ -924,6 +1007,7 @@ fn main() -> std::process::ExitCode {
             killed_between_guest_and_pv_create_ends_with_one_pv,
             killed_mid_call_then_claim_deleted_while_down_keeps_its_storage_and_says_so,
             retain_then_delete_keeps_the_storage,
+            a_namesake_claims_storage_survives_recovery_of_the_old_claim,
             killed_between_pv_delete_and_storage_delete_leaves_no_storage,
             killed_then_claim_deleted_while_down_with_claim_finalizer,
             claims_with_the_same_name_over_time_get_their_own_volumes,

@@ -256,6 +256,17 @@ impl Context {
         self.volumes.get(&ObjectRef::new(name))
     }
 
+    /// Whether the PV cache holds every PV (its first list is done). Until then neither "this
+    /// claim's PV exists" nor the index of served paths can be answered.
+    pub fn volumes_listed(&self) -> bool {
+        use futures::FutureExt;
+        // Polled, not awaited: see `start::report_ready`.
+        self.volumes
+            .wait_until_ready()
+            .now_or_never()
+            .is_some_and(|ready| ready.is_ok())
+    }
+
     /// Forgets what is kept per object for objects that are gone: failure books and waiting
     /// retries. Run periodically, so memory follows what exists, not what ever existed.
     pub fn forget_gone(&self) {

@@ -93,7 +93,9 @@ impl World {
         let loaded = load_dir(&WasmEngine::new().expect("engine"), plugins.path()).expect("load");
         let api = FakeApi::default();
         let (classes_store, classes) = reflector::store();
-        let (volumes_store, volumes) = reflector::store();
+        let (volumes_store, mut volumes) = reflector::store();
+        // The PV list is done: a reconcile may ask whether a claim's PV exists.
+        volumes.apply_watcher_event(&watcher::Event::InitDone);
         let (claims_store, claims) = reflector::store();
         let ctx = Context::new(
             api.client(),
@@ -842,6 +844,34 @@ async fn a_standby_makes_no_request_at_all() {
     assert!(error.gate().is_some());
     assert!(world.api.requests().is_empty());
     assert!(world.guest_calls().is_empty());
+}
+
+#[tokio::test]
+async fn no_guest_is_called_before_the_pvs_are_listed() {
+    let mut world = World::new(settings(), "");
+    world.class("fast", json!({}), json!({}));
+    let pvc = world.claim(claim_of("data", "fast", P));
+    // A process just started: its PV watch has not finished the first list, so neither whether
+    // this claim's PV exists nor which node paths are served is known.
+    let (listing, _writer) = reflector::store();
+    let started = Arc::new(Context::new(
+        world.api.client(),
+        world.ctx.plugins(),
+        settings(),
+        Caches {
+            classes: world.ctx.classes.clone(),
+            volumes: listing,
+            claims: world.ctx.claims.clone(),
+        },
+        Metrics::new(),
+        None,
+    ));
+    let action = claims::reconcile(pvc, started)
+        .await
+        .expect("looked at again shortly");
+    assert!(requeue_after(&action).is_some(), "{action:?}");
+    assert!(world.guest_calls().is_empty(), "{}", world.guest_calls());
+    assert!(world.api.requests().is_empty());
 }
 
 #[tokio::test]

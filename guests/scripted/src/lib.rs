@@ -4,7 +4,7 @@
 //! ```text
 //! provision: append calls.log ─▶ count <pv>.attempts ─▶ (success: build spec, create <pv>) ─▶ write <pv>.started ─▶ delayMs / spinForever
 //!            ─▶ scripted failure (fail, failTimes) or mkdir <pv> + hostPath <node-dir>/<pv>
-//! delete:    append calls.log ─▶ scripted failure (delete-fail annotations) or rm -r <pv>
+//! delete:    append calls.log ─▶ scripted failure (delete-fail annotations) ─▶ deleteDelayMs ─▶ rm -r <pv> (or the byClaim directory)
 //! hooks:     should-provision (claim skip annotation), should-delete (PV keep annotation),
 //!            supports-block (always true)
 //! ```
@@ -79,10 +79,14 @@ fn provision(request: &ProvisionRequest) -> Result<VolumeSpec, ProvisionError> {
     let failure = script.provision_failure(attempt);
     // A successful call creates its storage before `<pv>.started` and the delay, so a test that
     // kills the controller during the delay leaves storage without a PV behind.
+    let storage = match script.by_claim {
+        true => script::claim_storage_name(&request.claim.namespace, &request.claim.name),
+        false => pv.clone(),
+    };
     let spec = match (&failure, script.spin_forever) {
         (None, false) => {
-            let spec = describe_volume(request, &state.config, &script)?;
-            let guest_path = state.config.guest_path(pv);
+            let spec = describe_volume(request, &state.config, &script, &storage)?;
+            let guest_path = state.config.guest_path(&storage);
             fs::create_dir_all(&guest_path)
                 .map_err(|error| io_failed("creating", &guest_path, error))?;
             Some(spec)
@@ -117,12 +121,13 @@ fn describe_volume(
     request: &ProvisionRequest,
     config: &ScriptedConfig,
     script: &ProvisionScript,
+    storage: &str,
 ) -> Result<VolumeSpec, ProvisionError> {
     let claim = &request.claim;
     let host_path = script
         .host_path
         .clone()
-        .unwrap_or_else(|| config.node_path(&request.pv_name));
+        .unwrap_or_else(|| config.node_path(storage));
     let spec = VolumeSpec::new();
     let mut refusals = Vec::new();
     let mut note = |outcome: Result<(), SpecError>| {
@@ -148,6 +153,9 @@ fn describe_volume(
     }
     for (key, value) in script.volume_annotations() {
         note(spec.annotation(key, &value));
+    }
+    if storage != request.pv_name {
+        note(spec.annotation(script::DIR_ANNOTATION, storage));
     }
     if refusals.is_empty() {
         return Ok(spec);
@@ -182,7 +190,13 @@ fn delete(request: &DeleteRequest) -> Result<(), ProvisionError> {
                 .expect("delete failures are final or transient"));
         }
     }
-    let guest_path = state.config.guest_path(&volume.name);
+    let delay = script::delete_delay_ms(&volume.annotations);
+    if delay > 0 {
+        std::thread::sleep(Duration::from_millis(delay));
+    }
+    let storage = script::storage_name(&volume.annotations, &volume.name);
+    script::check_file_name(storage).map_err(ProvisionError::Final)?;
+    let guest_path = state.config.guest_path(storage);
     match fs::remove_dir_all(&guest_path) {
         Err(error) if error.kind() != ErrorKind::NotFound => {
             return Err(io_failed("removing", &guest_path, error));

@@ -13,6 +13,10 @@ pub const KEEP_ANNOTATION: &str = "scripted.wasm-provisioner.dev/keep";
 pub const DELETE_FAIL_ANNOTATION: &str = "scripted.wasm-provisioner.dev/delete-fail";
 /// PV annotation (from `deleteFailTimes`): how many deletes fail before one succeeds.
 pub const DELETE_FAIL_TIMES_ANNOTATION: &str = "scripted.wasm-provisioner.dev/delete-fail-times";
+/// PV annotation (from `deleteDelayMs`): how long delete sleeps before it removes the storage.
+pub const DELETE_DELAY_ANNOTATION: &str = "scripted.wasm-provisioner.dev/delete-delay-ms";
+/// PV annotation (from `byClaim`): the storage directory's name, when not the PV's.
+pub const DIR_ANNOTATION: &str = "scripted.wasm-provisioner.dev/dir";
 
 const KNOWN_PARAMETERS: &[&str] = &[
     "fail",
@@ -22,6 +26,8 @@ const KNOWN_PARAMETERS: &[&str] = &[
     "hostPath",
     "deleteFail",
     "deleteFailTimes",
+    "deleteDelayMs",
+    "byClaim",
     "keep",
     "pinToSelectedNode",
     "ignoreSpecErrors",
@@ -89,6 +95,11 @@ pub struct ProvisionScript {
     pub delete_fail_times: Option<u64>,
     /// `keep: "true"`: `should-delete` will answer false, recorded on the PV.
     pub keep: bool,
+    /// `deleteDelayMs`: how long `delete` sleeps before removing the storage, recorded on the PV.
+    pub delete_delay_ms: u64,
+    /// `byClaim: "true"`: the storage is named after the claim (`claim-<namespace>-<name>`), as
+    /// name-based patterns do, instead of after the PV; the name is recorded on the PV.
+    pub by_claim: bool,
     /// `ignoreSpecErrors: "true"`: return the spec even when a builder call was refused, so the
     /// host's check of the finished spec is exercised too.
     pub ignore_spec_errors: bool,
@@ -129,6 +140,12 @@ impl ProvisionScript {
                     script.delete_fail_times = Some(value.parse().map_err(|_| invalid("a count"))?);
                 }
                 "keep" => script.keep = parse_bool(value).ok_or_else(|| invalid("a boolean"))?,
+                "deleteDelayMs" => {
+                    script.delete_delay_ms = value.parse().map_err(|_| invalid("milliseconds"))?
+                }
+                "byClaim" => {
+                    script.by_claim = parse_bool(value).ok_or_else(|| invalid("a boolean"))?
+                }
                 "pinToSelectedNode" => {
                     script.pin_to_selected_node =
                         parse_bool(value).ok_or_else(|| invalid("a boolean"))?;
@@ -170,6 +187,9 @@ impl ProvisionScript {
         if self.keep {
             annotations.push((KEEP_ANNOTATION, "true".to_owned()));
         }
+        if self.delete_delay_ms > 0 {
+            annotations.push((DELETE_DELAY_ANNOTATION, self.delete_delay_ms.to_string()));
+        }
         annotations
     }
 }
@@ -192,6 +212,23 @@ pub fn delete_failure(annotations: &[Pair], attempt: u64) -> Result<Option<Failu
         })
         .transpose()?;
     Ok(failure_for_attempt(Some(failure), times, attempt))
+}
+
+/// How long delete sleeps first, from the PV's annotations (0 when unset or unreadable).
+pub fn delete_delay_ms(annotations: &[Pair]) -> u64 {
+    annotation(annotations, DELETE_DELAY_ANNOTATION)
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The storage directory's name: the one recorded on the PV (`byClaim`), else the PV's.
+pub fn storage_name<'a>(annotations: &'a [Pair], pv: &'a str) -> &'a str {
+    annotation(annotations, DIR_ANNOTATION).unwrap_or(pv)
+}
+
+/// The storage directory of a claim under `byClaim`: one flat name from namespace and name.
+pub fn claim_storage_name(namespace: &str, name: &str) -> String {
+    format!("claim-{namespace}-{name}")
 }
 
 /// Whether a delete call for this PV has any scripted failure, so it needs an attempt count.

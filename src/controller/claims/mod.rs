@@ -175,6 +175,10 @@ impl ClaimFacts for Facts<'_> {
         self.handle.holds_claim_finalizer(self.pvc)
     }
 
+    fn volumes_listed(&self) -> bool {
+        self.handle.ctx().volumes_listed()
+    }
+
     fn pv_known(&self) -> bool {
         decide::pv_name(self.pvc).is_some_and(|pv| self.handle.pv_known(&pv))
     }

@@ -32,6 +32,8 @@ pub trait ClaimFacts {
     fn class(&self, name: &str) -> Option<&StorageClass>;
     /// Whether the claim holds our finalizer (our latest write wins over the cache).
     fn holds_finalizer(&self) -> bool;
+    /// Whether the PV cache holds every PV yet (its first list is done).
+    fn volumes_listed(&self) -> bool;
     /// Whether the claim's PV exists as far as the cache and our own writes tell.
     fn pv_known(&self) -> bool;
     /// Node mode: whose claim this is (None outside node mode).
@@ -108,6 +110,11 @@ pub fn plan_claim<'a>(pvc: &'a PersistentVolumeClaim, facts: &impl ClaimFacts) -
         ClaimDecision::Provision { provisioner, class } => (provisioner, class),
     };
     let class = class.expect("decided with a class");
+    if !facts.volumes_listed() {
+        // Right after a start: whether its PV exists, and which node paths are served (the
+        // index a returned path is checked against), are not known yet.
+        return ClaimPlan::Busy("PVs still being listed");
+    }
     if facts.pv_known() {
         return released("its PV exists");
     }
@@ -194,6 +201,7 @@ mod tests {
         serving: Serving,
         class: Option<StorageClass>,
         finalizer: bool,
+        listed: bool,
         pv: bool,
         owner: Option<ClaimOwner>,
         deleted_owner: DeletedOwner,
@@ -214,6 +222,7 @@ mod tests {
                     ..Default::default()
                 }),
                 finalizer: false,
+                listed: true,
                 pv: false,
                 owner: None,
                 deleted_owner: DeletedOwner::Me,
@@ -234,6 +243,9 @@ mod tests {
         }
         fn holds_finalizer(&self) -> bool {
             self.finalizer
+        }
+        fn volumes_listed(&self) -> bool {
+            self.listed
         }
         fn pv_known(&self) -> bool {
             self.pv
@@ -284,6 +296,16 @@ mod tests {
         };
         let cases: Vec<(&str, bool, Facts, ClaimPlan)> = vec![
             ("ready", false, base.clone(), provision.clone()),
+            (
+                "PVs still being listed (just started)",
+                false,
+                Facts {
+                    listed: false,
+                    pv: true,
+                    ..base.clone()
+                },
+                ClaimPlan::Busy("PVs still being listed"),
+            ),
             (
                 "guest busy",
                 false,
