@@ -922,12 +922,47 @@ fn peak_rss_mib() -> u64 {
 }
 
 /// Slack over `memory-mib x max-concurrency` the host may use while guests hoard: per call, one
-/// copy of the largest value in flight (a host call's string, at most the guest's memory), the
-/// store, instance and WASI state, and allocator slack. Documented in docs/threat-model.md.
+/// copy of the largest value in flight (a host call's string, at most 1 MiB: the hostcall fuel),
+/// the store, instance and WASI state, and allocator slack. Documented in docs/threat-model.md.
 const RSS_SLACK_MIB: u64 = 96;
 
+/// Runs in a child process of its own: four concurrent calls of a 32 MiB guest each try to
+/// pass one 24 MiB string to the host. What a host call may carry is capped (1 MiB), not the
+/// guest's memory: before, each call's value was copied into the host whole, a second 24 MiB
+/// per call beside the guest's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_host_call_carries_at_most_a_mebibyte() {
+    if !in_child("one_host_call_carries_at_most_a_mebibyte", "WP_RSS_CHILD") {
+        return;
+    }
+    let n = NodeAttack::load("memory-mib = 32\nmax-concurrency = 4");
+    n.provision("warm", &[]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let base = rss_mib();
+    reset_peak_rss();
+    let flood = [("attack", "value-flood")];
+    let outcomes =
+        futures::future::join_all((0..4).map(|i| n.provision(["f0", "f1", "f2", "f3"][i], &flood)))
+            .await;
+    let peak = peak_rss_mib();
+    let budget = base + 32 * 4 + 32;
+    println!(
+        "RSS: base {base} MiB, peak {peak} MiB during four 24 MiB host calls, budget {budget} MiB"
+    );
+    for outcome in outcomes {
+        match outcome {
+            Err(CallError::Fault { message, .. }) => println!("fault: {message}"),
+            other => panic!("a 24 MiB host call must fault, got {other:?}"),
+        }
+    }
+    assert!(
+        peak <= budget,
+        "peak RSS {peak} MiB over the budget {budget} MiB"
+    );
+}
+
 /// Runs in a child process of its own (so no other test shares its peak): two concurrent calls
-/// of a 32 MiB guest each pass 96 refused 8 MiB annotations to the host.
+/// of a 32 MiB guest each pass 96 refused 512 KiB annotations to the host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hoarding_guests_keep_host_memory_within_their_grants() {
     if !in_child(

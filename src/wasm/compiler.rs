@@ -21,6 +21,10 @@ use std::time::{Duration, Instant};
 /// Largest `.wasm` the host reads (guests are a few hundred KiB).
 pub const MAX_MODULE_BYTES: usize = 32 << 20;
 
+/// Largest compiled artifact the controller takes from the child: the child may use more
+/// address space than the controller's container has, and what it returns is held whole.
+pub const MAX_ARTIFACT_BYTES: usize = 4 * MAX_MODULE_BYTES;
+
 /// The child's limits.
 #[derive(Debug, Clone)]
 pub struct CompileLimits {
@@ -88,10 +92,7 @@ pub fn compile_in_child(limits: &CompileLimits, bytes: &[u8]) -> Result<Vec<u8>,
     let input = bytes.to_vec();
     let feeder = std::thread::spawn(move || stdin.write_all(&input));
     let mut stdout = child.stdout.take().expect("piped");
-    let reader = std::thread::spawn(move || {
-        let mut artifact = Vec::new();
-        stdout.read_to_end(&mut artifact).map(|_| artifact)
-    });
+    let reader = std::thread::spawn(move || read_capped(&mut stdout, MAX_ARTIFACT_BYTES));
     let mut stderr = child.stderr.take().expect("piped");
     let errors = std::thread::spawn(move || {
         let mut text = Vec::new();
@@ -115,7 +116,17 @@ pub fn compile_in_child(limits: &CompileLimits, bytes: &[u8]) -> Result<Vec<u8>,
         std::thread::sleep(Duration::from_millis(10));
     };
     let _ = feeder.join();
-    let artifact = reader.join().ok().and_then(Result::ok).unwrap_or_default();
+    let artifact = match reader.join() {
+        Ok(Ok(Some(artifact))) => artifact,
+        Ok(Ok(None)) => {
+            return Err(CompileError::Failed(format!(
+                "the compiled artifact is larger than {} MiB",
+                MAX_ARTIFACT_BYTES >> 20
+            )));
+        }
+        // A broken pipe or a panicked reader: the status and the child's message say why.
+        Ok(Err(_)) | Err(_) => Vec::new(),
+    };
     let message = errors.join().unwrap_or_default();
     if status.success() && !artifact.is_empty() {
         return Ok(artifact);
@@ -128,6 +139,19 @@ pub fn compile_in_child(limits: &CompileLimits, bytes: &[u8]) -> Result<Vec<u8>,
         ),
     };
     Err(CompileError::Failed(why))
+}
+
+/// Everything `from` yields if it is at most `cap` bytes; `None` past that, after draining the
+/// rest unkept (so the writer can finish instead of blocking on a full pipe).
+fn read_capped(from: &mut impl Read, cap: usize) -> std::io::Result<Option<Vec<u8>>> {
+    let mut kept = Vec::new();
+    from.take(cap as u64 + 1).read_to_end(&mut kept)?;
+    if kept.len() <= cap {
+        return Ok(Some(kept));
+    }
+    drop(kept);
+    std::io::copy(from, &mut std::io::sink())?;
+    Ok(None)
 }
 
 /// The child's side (`wasm-provisioner compile-guest`): limits itself, reads the component
@@ -166,4 +190,33 @@ pub fn run_child(memory_mib: u64, cpu_seconds: u64) -> anyhow::Result<()> {
     let artifact = super::engine::precompile(&input).map_err(|e| anyhow::anyhow!("{e:#}"))?;
     std::io::stdout().write_all(&artifact)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_artifact_past_the_cap_is_refused_and_drained() {
+        let cases: &[(usize, usize, bool)] = &[
+            // (bytes written, cap, kept)
+            (0, 10, true),
+            (10, 10, true),
+            (11, 10, false),
+            (1 << 20, 4096, false),
+        ];
+        for &(len, cap, kept) in cases {
+            let mut from = std::io::Cursor::new(vec![7u8; len]);
+            let read = read_capped(&mut from, cap).expect("read");
+            assert_eq!(read.is_some(), kept, "{len} bytes, cap {cap}");
+            if let Some(artifact) = read {
+                assert_eq!(artifact.len(), len);
+            }
+            assert_eq!(
+                from.position() as usize,
+                len,
+                "drained: {len} bytes, cap {cap}"
+            );
+        }
+    }
 }

@@ -37,6 +37,13 @@ use super::sandbox_fs::DescriptorCapHit;
 use super::spec::BuiltVolume;
 use crate::metrics::Metrics;
 
+/// What one host call may carry from the guest into the host (wasmtime's hostcall fuel).
+pub const HOSTCALL_BYTES: usize = 1 << 20;
+
+/// Largest `wasi:random` answer the host allocates for one call (wasmtime-wasi's default is
+/// 64 MiB; a guest seeds its hash maps with a few bytes).
+const RANDOM_BYTES: u64 = 64 << 10;
+
 /// Extra time the async timeout allows over the epoch deadline before dropping the call.
 const ASYNC_TIMEOUT_MARGIN: Duration = Duration::from_millis(500);
 
@@ -366,6 +373,7 @@ impl Guest {
         let inline = self.inline_fs;
         wasi.stdout(stdout.clone())
             .stderr(stderr.clone())
+            .max_random_size(RANDOM_BYTES)
             .allow_blocking_current_thread(inline);
         for dir in &self.grants.dirs {
             let perms = match dir.access {
@@ -384,9 +392,10 @@ impl Guest {
         state.fs_guard.inline = inline;
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|s| &mut s.limiter);
-        // What one host call may carry from the guest (strings, lists): never more than the
-        // guest's own memory could hold.
-        store.set_hostcall_fuel(self.grants.memory_bytes);
+        // What one host call may carry from the guest (strings, lists): a host copy per call in
+        // flight, so it is capped far below a guest's memory (the largest legitimate value, an
+        // annotation or a log line, is a few hundred KiB; streams pass at most 64 KiB a call).
+        store.set_hostcall_fuel(self.grants.memory_bytes.min(HOSTCALL_BYTES));
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
             // Compare with the wall clock rather than counting ticks, so a burst of late
@@ -484,7 +493,7 @@ impl Guest {
             // The trap (or the host's refusal) says what happened; the wasm backtrace is for
             // the debug log, not for a Kubernetes event.
             _ => {
-                tracing::debug!(guest = %self.name, operation, error = %format!("{error:?}"), "guest fault");
+                tracing::debug!(guest = %self.name, operation, error = %super::output::printable(&format!("{error:?}")), "guest fault");
                 match trap {
                     Some(trap) => format!("{operation}: {trap}"),
                     None => format!("{operation}: {}", error.root_cause()),

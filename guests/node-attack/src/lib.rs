@@ -10,7 +10,9 @@
 //! link-planted       hard-link <planted> to <pv>, hostPath <node-dir>/<pv>
 //! fifo               open <fifo> (a pod's FIFO) for reading
 //! fd-hoard           open the granted directory until something says no
-//! annotation-hoard   96 annotations of 8 MiB each, every refusal ignored
+//! annotation-hoard   96 annotations of 512 KiB each, every refusal ignored
+//! value-flood        one host.log message of <mib> MiB (default 24): more than one host call
+//!                    may carry
 //! nfs-export         an NFS volume on <server> at <path> (another export of a granted server)
 //! csi-handle         a CSI volume of <driver> with <handle> (another tenant's volume)
 //! recycle            a normal volume with reclaim policy Recycle
@@ -158,7 +160,7 @@ impl Guest for NodeAttack {
             }
             "annotation-hoard" => {
                 let spec = normal_volume(&config, pv)?;
-                let value = "\u{1}".repeat(8 << 20);
+                let value = "\u{1}".repeat(512 << 10);
                 for i in 0..96 {
                     let _ =
                         spec.annotation(&format!("attack.example/hoard-{i}"), black_box(&value));
@@ -237,6 +239,20 @@ impl Guest for NodeAttack {
                     outcome.map(drop).map_err(|e| e.to_string()),
                 );
                 Err(ProvisionError::Final(format!("did: {}", did.join("; "))))
+            }
+            "value-flood" => {
+                let mib: usize = parameter(params, "mib")
+                    .and_then(|m| m.parse().ok())
+                    .unwrap_or(24);
+                let text = "x".repeat(mib << 20);
+                wasm_provisioner::provisioner::host::log(
+                    wasm_provisioner::provisioner::types::LogLevel::Info,
+                    black_box(&text),
+                    &[],
+                );
+                Err(ProvisionError::Final(format!(
+                    "did: passed {mib} MiB in one host call"
+                )))
             }
             "log-forge" => {
                 let forged =
