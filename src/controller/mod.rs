@@ -46,7 +46,12 @@ pub use start::{run, run_watching, slim};
 /// Settles what the intent logs hold for claims that are gone (see [`storage::intent`]); the controller
 /// runs it periodically while it leads. Returns how many entries were settled.
 pub async fn recover_intents(ctx: &Context) -> Result<usize, kube::Error> {
-    storage::recovery::recover_intents(ctx).await
+    // Recovery leaves a volume entry to the volume path while that path will delete the PV;
+    // which PVs those are is the volume path's to say.
+    let queued = |pv: &k8s_openapi::api::core::v1::PersistentVolume| {
+        volumes::queued_for_delete(ctx, &ctx.plugins(), pv).is_some()
+    };
+    storage::recovery::recover_intents(ctx, &queued).await
 }
 
 /// Everything the controller is told by the command line, parsed and validated.

@@ -27,7 +27,7 @@ pub(super) async fn recover_intents(ctx: Arc<Context>) -> &'static str {
         if !ctx.metrics.is_ready() || !ctx.election.is_leader() {
             continue;
         }
-        match crate::controller::storage::recovery::recover_intents(&ctx).await {
+        match crate::controller::recover_intents(&ctx).await {
             Ok(0) => {}
             Ok(settled) => tracing::info!(settled, "intent log recovered"),
             Err(error) => {

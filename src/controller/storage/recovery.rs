@@ -138,8 +138,12 @@ fn plan_volume_entry(key: &str, volume: &VolumeIntent, facts: &EntryFacts) -> En
 }
 
 /// Recovers every entry of this replica's log, after taking over the logs of stopped replicas.
-/// Returns how many entries left the log.
-pub async fn recover_intents(ctx: &Context) -> Result<usize, kube::Error> {
+/// `queued`: whether the volume path will delete this cached PV's storage (an entry for it is
+/// that path's). Returns how many entries left the log.
+pub async fn recover_intents(
+    ctx: &Context,
+    queued: &(dyn Fn(&PersistentVolume) -> bool + Sync),
+) -> Result<usize, kube::Error> {
     let Some(log) = &ctx.intents else {
         return Ok(0);
     };
@@ -157,7 +161,7 @@ pub async fn recover_intents(ctx: &Context) -> Result<usize, kube::Error> {
             // Not the leader (any more): the leader recovers.
             break;
         };
-        let facts = facts_of(ctx, log, &key, &intent);
+        let facts = facts_of(ctx, log, &key, &intent, queued);
         let outcome = match plan_entry(&key, &intent, &facts) {
             EntryPlan::Leave => Ok(false),
             EntryPlan::Drop => Ok(true),
@@ -181,14 +185,16 @@ pub async fn recover_intents(ctx: &Context) -> Result<usize, kube::Error> {
     Ok(settled)
 }
 
-fn facts_of(ctx: &Context, log: &IntentLog, key: &str, intent: &Intent) -> EntryFacts {
-    let plugins = ctx.plugins();
+fn facts_of(
+    ctx: &Context,
+    log: &IntentLog,
+    key: &str,
+    intent: &Intent,
+    queued: &(dyn Fn(&PersistentVolume) -> bool + Sync),
+) -> EntryFacts {
     let pv = ctx.volume(intent.pv()).map(|cached| {
         let uid = cached_uid(&cached);
-        let queued = cached.whole().is_some_and(|pv| {
-            crate::controller::volumes::queued_for_delete(ctx, &plugins, pv).is_some()
-        });
-        (uid, queued)
+        (uid, cached.whole().is_some_and(|pv| queued(pv)))
     });
     let claim = match intent {
         Intent::Claim(claim) => ctx
