@@ -32,6 +32,18 @@ pub const LOG_LABEL: &str = "wasm-provisioner.dev/intents";
 /// their own (they are not needed for safety, only for tidiness).
 const IDLE_FLUSH: Duration = Duration::from_secs(2);
 
+/// What one write of the log did.
+struct Written {
+    /// The log's new resourceVersion.
+    version: String,
+    /// Entries the stored log held that we did not (an earlier process'): now ours.
+    adopted: BTreeMap<String, String>,
+    /// Entries we had written that the stored log no longer held: removed by someone else.
+    removed: Vec<String>,
+    /// Every key the write stored.
+    keys: HashSet<String>,
+}
+
 /// Why an intent could not be recorded.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum IntentError {
@@ -66,6 +78,13 @@ pub enum IntentError {
     /// The writer task is gone (the process is stopping).
     #[error("the intent writer stopped")]
     Stopped,
+    /// Someone else wrote the log since our last write (`forget-storage`): it is read back and
+    /// written again at once; never reported to a record.
+    #[error("the intent log {log} was changed by someone else")]
+    Changed {
+        /// The ConfigMap.
+        log: String,
+    },
 }
 
 #[derive(Default)]
@@ -89,6 +108,9 @@ struct LogState {
     /// process, another replica), or whose last guest call ended without an answer (a fault, a
     /// timeout, a build going on in the background).
     unknown: HashSet<String>,
+    /// The keys our last successful write stored: one of them missing from the stored log later
+    /// was removed by someone else (`forget-storage`), not yet to be written.
+    written: HashSet<String>,
     /// Our last write's resourceVersion (None: not written by this process yet).
     version: Option<String>,
     /// The last write's error, for records waiting on it.
@@ -124,6 +146,27 @@ impl LogState {
             });
         }
         Ok(bytes)
+    }
+
+    /// The keys we wrote that `stored` (the log as read back) no longer holds: an operator
+    /// removed them (`forget-storage`), and writing them again would undo that.
+    fn removed_from(&self, stored: &BTreeMap<String, String>) -> Vec<String> {
+        self.written
+            .iter()
+            .filter(|key| !stored.contains_key(*key))
+            .cloned()
+            .collect()
+    }
+
+    /// Forgets entries someone else removed from the stored log.
+    fn forget_removed(&mut self, removed: &[String]) {
+        for key in removed {
+            self.written.remove(key);
+            self.fresh.remove(key);
+            if self.remove(key) {
+                tracing::info!(%key, "intent-log entry removed by someone else (forget-storage); forgotten here too");
+            }
+        }
     }
 
     fn remove(&mut self, key: &str) -> bool {
@@ -377,10 +420,13 @@ impl IntentLog {
 
     /// The writer: batches every record waiting into one write. Runs for the life of the process.
     pub async fn run(self: Arc<Self>) -> &'static str {
+        let mut again = false;
         loop {
-            let woken = tokio::time::timeout(IDLE_FLUSH, self.wake.notified())
-                .await
-                .is_ok();
+            let woken = again
+                || tokio::time::timeout(IDLE_FLUSH, self.wake.notified())
+                    .await
+                    .is_ok();
+            again = false;
             let due = |state: &LogState| {
                 let records_waiting = state.generation > state.flushed;
                 // Removals and lazy updates alone are written once things are quiet.
@@ -402,7 +448,7 @@ impl IntentLog {
                 Some(source) if records_waiting => source(&self),
                 _ => Vec::new(),
             };
-            let (generation, data, version) = {
+            let snapshot = {
                 let mut state = self.state();
                 if state.generation > state.flushed {
                     let generation = state.generation;
@@ -412,16 +458,30 @@ impl IntentLog {
                         }
                     }
                 }
+                let written = match state.version {
+                    // The stored log is read back first: what we wrote and it lacks was removed.
+                    None => state.written.clone(),
+                    Some(_) => HashSet::new(),
+                };
                 (
                     state.generation,
                     state.entries.clone(),
                     state.version.clone(),
+                    written,
                 )
             };
-            let outcome = self.write(data, version).await;
+            let (generation, data, version, written) = snapshot;
+            let outcome = self.write(data, version, &written).await;
             let mut state = self.state();
             match outcome {
-                Ok((version, adopted)) => {
+                Ok(Written {
+                    version,
+                    adopted,
+                    removed,
+                    keys,
+                }) => {
+                    state.forget_removed(&removed);
+                    state.written = keys;
                     for (key, text) in adopted {
                         let Ok(intent) = serde_json::from_str::<Intent>(&text) else {
                             tracing::warn!(%key, "an earlier process's intent is unreadable; left out");
@@ -445,6 +505,13 @@ impl IntentLog {
                     state.lazy = false;
                     state.error = None;
                 }
+                Err(IntentError::Changed { .. }) => {
+                    // Read back and written again right away; the records keep waiting.
+                    tracing::debug!("the intent log changed under us; reading it back");
+                    state.version = None;
+                    again = true;
+                    continue;
+                }
                 Err(error) => {
                     tracing::warn!(%error, "writing the intent log failed");
                     state.error = Some(error);
@@ -466,8 +533,10 @@ impl IntentLog {
         &self,
         mut data: BTreeMap<String, String>,
         version: Option<String>,
-    ) -> Result<(String, BTreeMap<String, String>), IntentError> {
+        written: &HashSet<String>,
+    ) -> Result<Written, IntentError> {
         let mut adopted = BTreeMap::new();
+        let mut removed = Vec::new();
         let read_first = version.is_none();
         let version = match version {
             Some(version) => Some(version),
@@ -478,7 +547,14 @@ impl IntentLog {
                     .await
                     .map_err(|e| self.error(e))?;
                 stored.and_then(|cm| {
-                    for (key, text) in cm.data.unwrap_or_default() {
+                    let stored = cm.data.unwrap_or_default();
+                    for key in written {
+                        // Ours once, gone from the store now: removed by someone else.
+                        if !stored.contains_key(key) && data.remove(key).is_some() {
+                            removed.push(key.clone());
+                        }
+                    }
+                    for (key, text) in stored {
                         if !data.contains_key(&key) {
                             data.insert(key.clone(), text.clone());
                             adopted.insert(key, text);
@@ -488,6 +564,7 @@ impl IntentLog {
                 })
             }
         };
+        let keys = data.keys().cloned().collect();
         let cm = self.config_map(data, version.clone());
         if read_first {
             self.budget.acquire().await;
@@ -500,8 +577,22 @@ impl IntentLog {
             }
             None => self.api.create(&PostParams::default(), &cm).await,
         }
-        .map_err(|e| self.error(e))?;
-        Ok((saved.resource_version().unwrap_or_default(), adopted))
+        .map_err(|error| match error {
+            // Only a write at a version we hold can be retried at once: after a read-back the
+            // conflict is a real race, reported like any failed write.
+            kube::Error::Api(status) if status.is_conflict() && !read_first => {
+                IntentError::Changed {
+                    log: self.name.clone(),
+                }
+            }
+            error => self.error(error),
+        })?;
+        Ok(Written {
+            version: saved.resource_version().unwrap_or_default(),
+            adopted,
+            removed,
+            keys,
+        })
     }
 
     fn config_map(&self, data: BTreeMap<String, String>, version: Option<String>) -> ConfigMap {
@@ -598,6 +689,14 @@ impl IntentLog {
     fn take_up_stored(&self, log: &ConfigMap) -> usize {
         let mut state = self.state();
         if state.version.is_some() {
+            if state.version != log.resource_version() && state.flushed == state.generation {
+                // Written by someone else since our last write (forget-storage): what it removed
+                // goes from here too before anything acts on it, and the next write reads the
+                // log back first.
+                let removed = state.removed_from(&log.data.clone().unwrap_or_default());
+                state.forget_removed(&removed);
+                state.version = None;
+            }
             return 0;
         }
         let mut taken = 0;
