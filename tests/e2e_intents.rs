@@ -335,6 +335,73 @@ async fn a_pv_recreated_over_failed_storage_keeps_it(cp: Arc<ControlPlane>) -> a
     Ok(())
 }
 
+/// The handle of a storage delete that keeps failing, through the binary under the shipped RBAC
+/// while the provisioner runs: listed by `release-finalizers --dry-run`, stopped by
+/// `forget-storage`, which the running replica does not undo; the storage stays.
+async fn a_failing_storage_delete_is_listed_and_forgotten_while_running(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "forget").await?;
+    w.start("forget-0")?;
+    let class = w.class("c").param("deleteFail", "final").create().await?;
+    w.claim("data").class(&class).create().await?;
+    let pv = w.wait_bound("data").await?.name_any();
+    let storage = w.storage.path().join(&pv);
+    w.claims().delete("data", &DeleteParams::default()).await?;
+    w.wait_pv_gone(&pv).await?;
+    w.wait("two failed storage deletes", || async {
+        Ok((w.deletes() >= 2).then_some(()))
+    })
+    .await?;
+    let run = |args: Vec<String>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"));
+        cmd.args(&args)
+            .args(["-n", LOG_NAMESPACE])
+            .arg("--kubeconfig")
+            .arg(w.cp.provisioner_kubeconfig());
+        let output = cmd.output()?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        ensure!(output.status.success(), "{args:?}: {text}");
+        Ok::<_, anyhow::Error>(text)
+    };
+    let listed = run(vec![
+        "release-finalizers".into(),
+        "--all".into(),
+        "--dry-run".into(),
+    ])?;
+    ensure!(
+        listed.contains(&pv) && listed.contains("failed attempt"),
+        "{listed}"
+    );
+    let forgotten = run(vec!["forget-storage".into(), pv.clone()])?;
+    ensure!(forgotten.contains(&pv), "{forgotten}");
+    // Two recovery passes of the running replica: no more attempts, and the entry stays gone.
+    let attempts = w.deletes();
+    tokio::time::sleep(Duration::from_secs(22)).await;
+    ensure!(
+        w.deletes() <= attempts + 1,
+        "retries stopped: {} after {attempts}",
+        w.deletes()
+    );
+    let logs: Api<ConfigMap> = Api::namespaced(w.admin.clone(), LOG_NAMESPACE);
+    let selector = format!("{LOG_LABEL}={}", w.ns);
+    let still = logs
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items
+        .iter()
+        .flat_map(|cm| cm.data.clone().unwrap_or_default().into_values())
+        .any(|text| text.contains(&pv));
+    ensure!(!still, "the running replica did not write the entry back");
+    ensure!(storage.exists(), "the storage is left as it is");
+    ensure!(!w.logs_forbidden(), "{}", w.fx.logs());
+    Ok(())
+}
+
 /// `release-finalizers --claim` under the shipped RBAC, which lists claims but may not get them.
 async fn release_finalizers_finds_one_claim_under_the_shipped_rbac(
     cp: Arc<ControlPlane>,
@@ -435,6 +502,7 @@ fn main() -> std::process::ExitCode {
         no_process_start_leaves_a_log,
         a_pv_recreated_over_failed_storage_keeps_it,
         release_finalizers_finds_one_claim_under_the_shipped_rbac,
+        a_failing_storage_delete_is_listed_and_forgotten_while_running,
         a_log_that_cannot_be_written_fails_the_start,
     ];
     let tests = tests
