@@ -71,10 +71,12 @@ pub(super) fn record_built(
 /// Claims recorded ahead per intent write at most.
 const AHEAD: usize = 64;
 
-/// No claim is recorded ahead while the log holds this many entries: entries recorded ahead leave
-/// only when their claim's turn comes, and with thousands of claims waiting in line they would
-/// otherwise pile up faster than turns come until the log is full (measured: full at 768 KiB,
-/// 5,000 claims waiting), and every claim's own record fails.
+/// No claim is recorded ahead while the log holds this many entries recorded ahead whose turn has
+/// not come: they leave only when their claim's turn comes, and with thousands of claims waiting
+/// in line they would otherwise pile up faster than turns come until the log is full (measured:
+/// full at 768 KiB, 5,000 claims waiting). Entries that stay for other reasons (calls that never
+/// answered, entries inherited after a restart) do not count: counting them turned batching off
+/// for every new claim once a few hundred of them were held.
 const AHEAD_WHILE_BELOW: usize = 256;
 
 /// Intents for the claims that will be provisioned next (ready as the plan sees them, not yet in
@@ -89,7 +91,7 @@ pub(super) fn intents_ahead(
 ) -> Vec<(String, Intent)> {
     let ctx = handle.ctx();
     let mut ahead = Vec::new();
-    let room = AHEAD.min(AHEAD_WHILE_BELOW.saturating_sub(log.len()));
+    let room = AHEAD.min(AHEAD_WHILE_BELOW.saturating_sub(log.ahead_len()));
     if room == 0 {
         return ahead;
     }

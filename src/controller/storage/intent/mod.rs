@@ -104,6 +104,8 @@ struct LogState {
     entry_generation: HashMap<String, u64>,
     /// Keys a reconcile of this process is working on now: it sees to them itself.
     fresh: HashSet<String>,
+    /// Keys recorded ahead whose own turn has not come yet.
+    ahead: HashSet<String>,
     /// Keys whose outcome this process does not know: taken from a stored log (an earlier
     /// process, another replica), or whose last guest call ended without an answer (a fault, a
     /// timeout, a build going on in the background).
@@ -148,16 +150,6 @@ impl LogState {
         Ok(bytes)
     }
 
-    /// The keys we wrote that `stored` (the log as read back) no longer holds: an operator
-    /// removed them (`forget-storage`), and writing them again would undo that.
-    fn removed_from(&self, stored: &BTreeMap<String, String>) -> Vec<String> {
-        self.written
-            .iter()
-            .filter(|key| !stored.contains_key(*key))
-            .cloned()
-            .collect()
-    }
-
     /// Forgets entries someone else removed from the stored log.
     fn forget_removed(&mut self, removed: &[String]) {
         for key in removed {
@@ -171,6 +163,7 @@ impl LogState {
 
     fn remove(&mut self, key: &str) -> bool {
         self.entry_generation.remove(key);
+        self.ahead.remove(key);
         self.unknown.remove(key);
         match self.entries.remove(key) {
             Some(text) => {
@@ -247,6 +240,7 @@ impl IntentLog {
         let generation = {
             let mut state = self.state();
             state.fresh.insert(key.to_string());
+            state.ahead.remove(key);
             match state.entry_generation.get(key).copied() {
                 Some(generation) if generation <= state.flushed => return Ok(()),
                 Some(generation) => generation,
@@ -255,9 +249,11 @@ impl IntentLog {
                     state.put(key, intent, generation)?;
                     state.generation = generation;
                     for (other, intent) in ahead {
-                        if !state.entries.contains_key(&other) {
-                            // Ahead is a saving, not a need: what does not fit waits its turn.
-                            let _ = state.put(&other, &intent, generation);
+                        // Ahead is a saving, not a need: what does not fit waits its turn.
+                        if !state.entries.contains_key(&other)
+                            && state.put(&other, &intent, generation).is_ok()
+                        {
+                            state.ahead.insert(other);
                         }
                     }
                     generation
@@ -403,6 +399,11 @@ impl IntentLog {
         self.state().fresh.contains(key)
     }
 
+    /// Entries recorded ahead whose own turn has not come yet.
+    pub fn ahead_len(&self) -> usize {
+        self.state().ahead.len()
+    }
+
     /// Entries held (in memory: the next write's content).
     pub fn len(&self) -> usize {
         self.state().entries.len()
@@ -453,8 +454,10 @@ impl IntentLog {
                 if state.generation > state.flushed {
                     let generation = state.generation;
                     for (key, intent) in more {
-                        if !state.entries.contains_key(&key) {
-                            let _ = state.put(&key, &intent, generation);
+                        if !state.entries.contains_key(&key)
+                            && state.put(&key, &intent, generation).is_ok()
+                        {
+                            state.ahead.insert(key);
                         }
                     }
                 }
@@ -689,14 +692,6 @@ impl IntentLog {
     fn take_up_stored(&self, log: &ConfigMap) -> usize {
         let mut state = self.state();
         if state.version.is_some() {
-            if state.version != log.resource_version() && state.flushed == state.generation {
-                // Written by someone else since our last write (forget-storage): what it removed
-                // goes from here too before anything acts on it, and the next write reads the
-                // log back first.
-                let removed = state.removed_from(&log.data.clone().unwrap_or_default());
-                state.forget_removed(&removed);
-                state.version = None;
-            }
             return 0;
         }
         let mut taken = 0;
