@@ -440,19 +440,32 @@ async fn retain_then_delete_keeps_the_storage(cp: Arc<ControlPlane>) -> anyhow::
     let mut w = World::new(cp, "retain-then-delete", "scripted").await?;
     w.start(&["--worker-threads", "1"])?;
     let class = w.class("c").param("deleteDelayMs", "4000").create().await?;
-    for claim in ["blocker", "first", "second"] {
+    for claim in ["blocker-1", "blocker-2", "first", "second"] {
         w.claim(claim).class(&class).create().await?;
     }
-    let blocker = w.wait_bound("blocker").await?.name_any();
+    let blockers = [
+        w.wait_bound("blocker-1").await?.name_any(),
+        w.wait_bound("blocker-2").await?.name_any(),
+    ];
     let names = [
         w.wait_bound("first").await?.name_any(),
         w.wait_bound("second").await?.name_any(),
     ];
-    // The blocker's storage delete holds the only worker while both others become Released.
-    w.claims()
-        .delete("blocker", &DeleteParams::default())
-        .await?;
-    w.wait_pv_gone(&blocker).await?;
+    // The blockers' storage deletes hold the only worker for 8 s while both others become
+    // Released.
+    for claim in ["blocker-1", "blocker-2"] {
+        w.claims().delete(claim, &DeleteParams::default()).await?;
+    }
+    let pvs = w.pvs();
+    w.wait("the first blocker's PV deleted", || async {
+        for pv in &blockers {
+            if pvs.get_opt(pv).await?.is_none() {
+                return Ok(Some(()));
+            }
+        }
+        Ok(None)
+    })
+    .await?;
     for claim in ["first", "second"] {
         w.claims().delete(claim, &DeleteParams::default()).await?;
     }
@@ -461,7 +474,6 @@ async fn retain_then_delete_keeps_the_storage(cp: Arc<ControlPlane>) -> anyhow::
     }
     // The worker takes one of them next: its record carries the other one ahead, then its PV
     // goes and its storage delete holds the worker again.
-    let pvs = w.pvs();
     let gone = w
         .wait("one of the two Released PVs deleted", || async {
             for pv in &names {

@@ -33,7 +33,9 @@ pub enum Attack {
     HugeCapacity,
     /// `negative-capacity`: an `i64` of -1 passed as the capacity, refusal ignored.
     NegativeCapacity,
-    /// `huge-annotations`: one 10 MB annotation and 64 of 256 KiB, refusals ignored.
+    /// `huge-annotations`: one 10 MB annotation and 64 of 256 KiB, refusals ignored. The 10 MB
+    /// value is more than one host call may carry (1 MiB): the call faults before the host
+    /// holds any of it.
     HugeAnnotations,
     /// `invalid-labels`: label keys Kubernetes refuses, refusals ignored.
     InvalidLabels,
