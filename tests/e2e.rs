@@ -487,13 +487,9 @@ async fn retain_then_delete_keeps_the_storage(cp: Arc<ControlPlane>) -> anyhow::
     let kept = names.iter().find(|pv| **pv != gone).expect("two").clone();
     let kept_pv = pvs.get(&kept).await?;
     let kept_uid = kept_pv.metadata.uid.clone().unwrap_or_default();
-    let logs: Api<k8s_openapi::api::core::v1::ConfigMap> =
-        Api::namespaced(w.admin.clone(), "wasm-provisioner");
-    let label = format!("wasm-provisioner.dev/intents={}", w.ns);
-    let recorded = logs
-        .list(&ListParams::default().labels(&label))
+    let recorded = w
+        .intent_logs()
         .await?
-        .items
         .iter()
         .any(|log| log.data.as_ref().is_some_and(|d| d.contains_key(&kept_uid)));
     ensure!(recorded, "{kept} is recorded ahead in the intent log");

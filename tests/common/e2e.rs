@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event, Namespace, PersistentVolume, PersistentVolumeClaim,
+};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
@@ -154,6 +156,17 @@ impl Fixture {
             })
             .collect::<Vec<_>>()
             .join("\n")
+    }
+
+    /// The intent logs of this test's provisioner, started as the suites start it (leases in
+    /// namespace `wasm-provisioner`, named after the test's namespace).
+    pub async fn intent_logs(&self) -> anyhow::Result<Vec<ConfigMap>> {
+        let logs: Api<ConfigMap> = Api::namespaced(self.admin.clone(), "wasm-provisioner");
+        let selector = format!("wasm-provisioner.dev/intents={}", self.ns);
+        Ok(logs
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items)
     }
 
     /// Polls `check` until it yields, quoting the provisioner logs if it never does.

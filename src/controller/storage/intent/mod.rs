@@ -150,10 +150,18 @@ impl LogState {
         Ok(bytes)
     }
 
-    /// Forgets entries someone else removed from the stored log.
+    /// Records `intent` ahead of its turn under `key` unless an entry is there already. Ahead is
+    /// a saving, not a need: what does not fit waits its turn.
+    fn put_ahead(&mut self, key: String, intent: &Intent, generation: u64) {
+        if !self.entries.contains_key(&key) && self.put(&key, intent, generation).is_ok() {
+            self.ahead.insert(key);
+        }
+    }
+
+    /// Forgets entries someone else removed from the stored log (the caller replaces
+    /// `written` with what the write stored).
     fn forget_removed(&mut self, removed: &[String]) {
         for key in removed {
-            self.written.remove(key);
             self.fresh.remove(key);
             if self.remove(key) {
                 tracing::info!(%key, "intent-log entry removed by someone else (forget-storage); forgotten here too");
@@ -249,12 +257,7 @@ impl IntentLog {
                     state.put(key, intent, generation)?;
                     state.generation = generation;
                     for (other, intent) in ahead {
-                        // Ahead is a saving, not a need: what does not fit waits its turn.
-                        if !state.entries.contains_key(&other)
-                            && state.put(&other, &intent, generation).is_ok()
-                        {
-                            state.ahead.insert(other);
-                        }
+                        state.put_ahead(other, &intent, generation);
                     }
                     generation
                 }
@@ -454,11 +457,7 @@ impl IntentLog {
                 if state.generation > state.flushed {
                     let generation = state.generation;
                     for (key, intent) in more {
-                        if !state.entries.contains_key(&key)
-                            && state.put(&key, &intent, generation).is_ok()
-                        {
-                            state.ahead.insert(key);
-                        }
+                        state.put_ahead(key, &intent, generation);
                     }
                 }
                 let written = match state.version {
