@@ -5,6 +5,8 @@
 #[path = "sandbox/bomb.rs"]
 mod bomb;
 mod common;
+#[path = "sandbox/disk_work.rs"]
+mod disk_work;
 #[path = "sandbox/logs.rs"]
 mod logs;
 #[path = "sandbox/pool.rs"]

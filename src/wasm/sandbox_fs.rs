@@ -15,12 +15,16 @@
 //!             ─ file or directory ────────▶ O_NONBLOCK cleared, counted while anything
 //!                                            (the descriptor, a stream of it) holds it
 //! read-directory ─▶ a streamed listing ([`super::dirstream`]), counted while it lives
+//! set-size, sync, sync-data, unlink-file-at, open-at with truncate, the last close of a file
+//!           ─▶ on the blocking pool even for a local grant (the kernel's work, not the guest's)
 //! ```
 //!
 //! Why: the kubelet follows symlinks in a PV's path, and tenants' pods write into volume
 //! directories that lie inside a guest's preopen. A guest must not be able to turn a path it
 //! served into a link later, and a FIFO a pod planted must not hang a host thread in `open(2)`
-//! (see `docs/threat-model.md`).
+//! (see `docs/threat-model.md`). Some calls cost the kernel time in proportion to what is on
+//! disk, not to what the guest passes (freeing a fragmented file's blocks takes seconds): they
+//! never run on the guest's thread, where the call's deadline could not end the wait.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, Weak};
@@ -43,20 +47,64 @@ use super::host::GuestState;
 
 /// Something of the call's that keeps a host descriptor open: a file or directory `open-at`
 /// created (its streams share it, so dropping the descriptor while a stream lives frees
-/// nothing), or a directory listing (its own descriptor). Alive while anything holds it.
+/// nothing), or a directory listing (its own descriptor). Alive while the guest holds it.
 #[derive(Debug)]
 enum Held {
-    Fd(Weak<std::fs::File>),
+    /// The guard keeps a reference of its own, so that it, not the guest's drop, closes the
+    /// file last: on the blocking pool ([`close_on_pool`]), since the last close of an unlinked
+    /// file frees its blocks.
+    File(Arc<std::fs::File>),
+    Dir(Weak<std::fs::File>),
     Listing(Weak<Mutex<DirStream>>),
 }
 
 impl Held {
     fn alive(&self) -> bool {
         match self {
-            Held::Fd(fd) => fd.strong_count() > 0,
+            Held::File(file) => Arc::strong_count(file) > 1,
+            Held::Dir(dir) => dir.strong_count() > 0,
             Held::Listing(listing) => listing.strong_count() > 0,
         }
     }
+}
+
+/// Closes the files the guest no longer holds on the blocking pool (or here, outside a runtime).
+fn close_on_pool(released: Vec<Held>) {
+    if !released.iter().any(|held| matches!(held, Held::File(_))) {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn_blocking(move || drop(released))),
+        Err(_) => drop(released),
+    }
+}
+
+/// Runs `work` on the blocking pool, whatever the grant: for calls whose cost the kernel decides
+/// rather than the guest, by what is on disk or by who holds the file's inode lock (truncating
+/// or unlinking a fragmented file takes seconds; a pod's write stuck on a hung mount holds the
+/// lock for as long as it likes). There, the call's deadline can end the wait.
+async fn on_pool(
+    what: &str,
+    work: impl FnOnce() -> std::io::Result<()> + Send + 'static,
+) -> FsResult<()> {
+    blocking(false, what, work)
+        .await?
+        .map_err(|e| ErrorCode::from(e).into())
+}
+
+/// Runs `work` here when `inline` (a local grant's calls whose cost is what the guest passes),
+/// else on the blocking pool, where the call's deadline can end the wait.
+async fn blocking<R: Send + 'static>(
+    inline: bool,
+    what: &str,
+    work: impl FnOnce() -> R + Send + 'static,
+) -> FsResult<R> {
+    if inline {
+        return Ok(work());
+    }
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| FsError::trap(wasmtime::Error::msg(format!("{what}: {e}"))))
 }
 
 /// Per-call state of the guard: the descriptors the guest holds and its cap on them.
@@ -93,7 +141,11 @@ impl FsGuard {
 
     /// Room for one more descriptor, or the trap that ends the call.
     fn admit(&mut self) -> Result<(), DescriptorCapHit> {
-        self.held.retain(Held::alive);
+        let (alive, released) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(Held::alive);
+        self.held = alive;
+        close_on_pool(released);
         if self.held.len() >= self.max_descriptors {
             self.descriptors_hit = true;
             return Err(DescriptorCapHit(self.max_descriptors));
@@ -104,6 +156,14 @@ impl FsGuard {
     /// The cap on them.
     pub fn max_descriptors(&self) -> usize {
         self.max_descriptors
+    }
+}
+
+impl Drop for FsGuard {
+    fn drop(&mut self) {
+        // The store's table went first (it is declared before the guard), so these are the
+        // last references.
+        close_on_pool(std::mem::take(&mut self.held));
     }
 }
 
@@ -130,6 +190,22 @@ impl<'a> SandboxFsView<'a> {
         match self.inner.table.get(fd)? {
             Descriptor::Dir(dir) => Ok((Arc::clone(&dir.dir), dir.perms)),
             Descriptor::File(_) => Err(ErrorCode::NotDirectory.into()),
+        }
+    }
+
+    /// The host file behind a descriptor, file or directory, and its permissions.
+    fn handle_of(&self, fd: &Resource<Descriptor>) -> FsResult<(Arc<std::fs::File>, FsPerms)> {
+        Ok(match self.inner.table.get(fd)? {
+            Descriptor::Dir(dir) => (Arc::clone(&dir.dir), dir.perms),
+            Descriptor::File(file) => (Arc::clone(&file.file), file.perms),
+        })
+    }
+
+    /// The file behind a descriptor (wasmtime-wasi's `bad-descriptor` for a directory).
+    fn file_of(&self, fd: &Resource<Descriptor>) -> FsResult<(Arc<std::fs::File>, FsPerms)> {
+        match self.inner.table.get(fd)? {
+            Descriptor::File(file) => Ok((Arc::clone(&file.file), file.perms)),
+            Descriptor::Dir(_) => Err(ErrorCode::BadDescriptor.into()),
         }
     }
 
@@ -260,7 +336,8 @@ impl HostDescriptor for SandboxFsView<'_> {
     }
 
     async fn sync_data(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
-        HostDescriptor::sync_data(&mut self.inner, fd).await
+        let (file, _) = self.handle_of(&fd)?;
+        on_pool("sync-data", move || file.sync_data()).await
     }
 
     async fn get_flags(&mut self, fd: Resource<Descriptor>) -> FsResult<DescriptorFlags> {
@@ -272,7 +349,11 @@ impl HostDescriptor for SandboxFsView<'_> {
     }
 
     async fn set_size(&mut self, fd: Resource<Descriptor>, size: types::Filesize) -> FsResult<()> {
-        HostDescriptor::set_size(&mut self.inner, fd, size).await
+        let (file, perms) = self.file_of(&fd)?;
+        if perms.write_not_permitted() {
+            return Err(ErrorCode::NotPermitted.into());
+        }
+        on_pool("set-size", move || file.set_len(size)).await
     }
 
     async fn set_times(
@@ -308,14 +389,10 @@ impl HostDescriptor for SandboxFsView<'_> {
     ) -> FsResult<Resource<types::DirectoryEntryStream>> {
         let (dir, _) = self.dir_of(&fd)?;
         self.guard.admit().map_err(FsError::trap)?;
-        let open = move || DirStream::open(&dir);
-        let stream = if self.guard.inline {
-            open()
-        } else {
-            tokio::task::spawn_blocking(open)
-                .await
-                .map_err(|e| FsError::trap(wasmtime::Error::msg(format!("read-directory: {e}"))))?
-        }?;
+        let stream = blocking(self.guard.inline, "read-directory", move || {
+            DirStream::open(&dir)
+        })
+        .await??;
         let stream: SharedDirStream = Arc::new(Mutex::new(stream));
         self.guard.held.push(Held::Listing(Arc::downgrade(&stream)));
         let handle = self.inner.table.push(stream)?;
@@ -324,7 +401,8 @@ impl HostDescriptor for SandboxFsView<'_> {
     }
 
     async fn sync(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
-        HostDescriptor::sync(&mut self.inner, fd).await
+        let (file, _) = self.handle_of(&fd)?;
+        on_pool("sync", move || file.sync_all()).await
     }
 
     async fn create_directory_at(
@@ -449,25 +527,25 @@ impl HostDescriptor for SandboxFsView<'_> {
             return Err(ErrorCode::NotPermitted.into());
         }
         let inline = self.guard.inline;
-        let opened = if inline {
-            open_beneath(&dir, &path, os, want_dir)
-        } else {
-            tokio::task::spawn_blocking(move || open_beneath(&dir, &path, os, want_dir))
-                .await
-                .map_err(|e| FsError::trap(wasmtime::Error::msg(format!("open-at: {e}"))))?
-        };
+        // Truncating frees the file's blocks: the kernel's time, not the guest's.
+        let opened = blocking(
+            inline && !os.contains(OFlags::TRUNC),
+            "open-at",
+            move || open_beneath(&dir, &path, os, want_dir),
+        )
+        .await?;
         let descriptor = match opened {
             Ok(Opened::Dir(file)) => Descriptor::Dir(Dir::new(file, perms, mode, inline)),
             Ok(Opened::File(file)) => Descriptor::File(File::new(file, perms, mode, inline)),
             Err(ErrorCode::Access) => return self.refuse(),
             Err(code) => return Err(code.into()),
         };
-        let fd = match &descriptor {
-            Descriptor::Dir(dir) => Arc::downgrade(&dir.dir),
-            Descriptor::File(file) => Arc::downgrade(&file.file),
+        let held = match &descriptor {
+            Descriptor::Dir(dir) => Held::Dir(Arc::downgrade(&dir.dir)),
+            Descriptor::File(file) => Held::File(Arc::clone(&file.file)),
         };
         let handle = self.inner.table.push(descriptor)?;
-        self.guard.held.push(Held::Fd(fd));
+        self.guard.held.push(held);
         Ok(handle)
     }
 
@@ -506,14 +584,10 @@ impl HostDescriptor for SandboxFsView<'_> {
         let inline = self.guard.inline;
         // Local grants hold the index while renaming, so no volume is served in between; a
         // network grant's rename may block, so it checks and then renames.
-        let rename = move || checked_rename(&old_dir, &old_path, &new_dir, &new_path, inline);
-        let outcome = if inline {
-            rename()
-        } else {
-            tokio::task::spawn_blocking(rename)
-                .await
-                .map_err(|e| FsError::trap(wasmtime::Error::msg(format!("rename-at: {e}"))))?
-        };
+        let outcome = blocking(inline, "rename-at", move || {
+            checked_rename(&old_dir, &old_path, &new_dir, &new_path, inline)
+        })
+        .await?;
         match outcome {
             Ok(()) => Ok(()),
             Err(RenameError::Code(code)) => Err(code.into()),
@@ -535,7 +609,15 @@ impl HostDescriptor for SandboxFsView<'_> {
     }
 
     async fn unlink_file_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<()> {
-        HostDescriptor::unlink_file_at(&mut self.inner, fd, path).await
+        let (dir, perms) = self.dir_of(&fd)?;
+        if perms.write_not_permitted() {
+            return Err(ErrorCode::NotPermitted.into());
+        }
+        // wasmtime-wasi's own unlink (cap-primitives), on the pool.
+        on_pool("unlink-file-at", move || {
+            cap_primitives::fs::remove_file(&dir, std::path::Path::new(&path))
+        })
+        .await
     }
 
     fn read_via_stream(
@@ -593,19 +675,13 @@ impl HostDirectoryEntryStream for SandboxFsView<'_> {
     ) -> FsResult<Option<types::DirectoryEntry>> {
         let listing: Resource<SharedDirStream> = Resource::new_borrow(stream.rep());
         let listing = Arc::clone(self.inner.table.get(&listing)?);
-        let next = move || {
+        let entry = blocking(self.guard.inline, "read-directory-entry", move || {
             listing
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .next_entry()
-        };
-        let entry = if self.guard.inline {
-            next()
-        } else {
-            tokio::task::spawn_blocking(next).await.map_err(|e| {
-                FsError::trap(wasmtime::Error::msg(format!("read-directory-entry: {e}")))
-            })?
-        };
+        })
+        .await?;
         Ok(entry?)
     }
 

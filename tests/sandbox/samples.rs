@@ -63,39 +63,84 @@ async fn the_example_class_keeps_tenants_apart_and_never_adopts_data() {
     assert!(message.contains("not adopted"), "{message}");
 }
 
+/// A pod's tree of any depth (past the descriptor cap, past PATH_MAX) and any number of entries
+/// is deleted, in one call or over a few that each leave less (50,000 files: one 5 s call while
+/// unlink ran on the guest's thread, two now that it runs on the blocking pool).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volumes_a_pod_made_deep_or_huge_are_still_deleted() {
     let _alone = super::CPU_HEAVY.lock().await;
     let storage = tempfile::tempdir().unwrap();
     let (_plugins, guest) = hostpath(storage.path(), "memory-mib = 16\ndescriptors = 64");
     let config = guest.grants().config_json.clone();
-    for (what, depth, files) in [("deep", 100, 10), ("huge", 1, 50_000)] {
+    // (what, levels, length of a directory name, files at the bottom)
+    for (what, depth, name_len, files) in [
+        ("deep", 100, 8, 10),
+        ("past-path-max", 40, 200, 10),
+        ("huge", 1, 8, 50_000),
+    ] {
         let req = request(claim(what), class(GOOD, &[]), &config);
         let built = guest.provision(&req).await.expect("provisioned");
-        // The pod's doing.
-        let mut dir = storage.path().join(&req.pv_name);
-        for level in 0..depth {
-            dir = dir.join(format!("level-{level}"));
-        }
-        std::fs::create_dir_all(&dir).unwrap();
+        // The pod's doing, grown from the top: no path past PATH_MAX can be created in one go.
+        let (bottom, up) = (storage.path().join("bottom"), storage.path().join("up"));
+        std::fs::create_dir(&bottom).unwrap();
         let long = "f".repeat(100);
         for i in 0..files {
-            std::fs::write(dir.join(format!("{long}-{i}")), b"x").unwrap();
+            std::fs::write(bottom.join(format!("{long}-{i}")), b"x").unwrap();
         }
+        for level in (1..depth).rev() {
+            std::fs::create_dir(&up).unwrap();
+            std::fs::rename(&bottom, up.join(format!("{level:0>name_len$}"))).unwrap();
+            std::fs::rename(&up, &bottom).unwrap();
+        }
+        std::fs::rename(&bottom, storage.path().join(&req.pv_name).join("top")).unwrap();
+        let volume = storage.path().join(&req.pv_name);
         let started = Instant::now();
-        let outcome = guest
-            .delete(&DeleteRequest {
-                volume: as_volume(&req, &built),
-                storage_class: None,
-                config: config.clone(),
-            })
-            .await;
+        // As the controller does: a delete that meets its deadline is tried again, and each
+        // attempt must leave less behind than the one before.
+        let mut attempts = Vec::new();
+        let mut left = entries_below(&volume);
+        let outcome = loop {
+            let outcome = guest
+                .delete(&DeleteRequest {
+                    volume: as_volume(&req, &built),
+                    storage_class: None,
+                    config: config.clone(),
+                })
+                .await;
+            attempts.push(format!("{outcome:?}"));
+            match outcome {
+                Err(CallError::Fault {
+                    kind: FaultKind::Deadline,
+                    ..
+                }) if attempts.len() < 4 => {
+                    let now = entries_below(&volume);
+                    assert!(now < left, "{what}: no progress ({now} entries left)");
+                    left = now;
+                }
+                outcome => break outcome,
+            }
+        };
         println!(
-            "{what} ({depth} levels, {files} files): {:?} in {:?}",
-            outcome,
-            started.elapsed()
+            "{what} ({depth} levels of {name_len}-byte names, {files} files): {} attempts in {:?}: {}",
+            attempts.len(),
+            started.elapsed(),
+            attempts.join("; ")
         );
         outcome.unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert!(!storage.path().join(&req.pv_name).exists(), "{what}: gone");
+        assert!(!volume.exists(), "{what}: gone");
     }
+}
+
+/// Files and directories below `dir`, however deep (0 once it is gone).
+fn entries_below(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.file_type() {
+            Ok(t) if t.is_dir() => 1 + entries_below(&entry.path()),
+            _ => 1,
+        })
+        .sum()
 }

@@ -20,7 +20,10 @@
 //!                    term), whatever node the scheduler chose
 //! stream-hoard       open <file>, make a read stream, drop the descriptor; again and again
 //! listing-hoard      open <count> listings of <dir> (default: until refused), read none
-//! list-all           read every entry of <dir>
+//! list-all           read every entry of <dir>, <passes> times (default once)
+//! disk-work          one filesystem call whose work grows with what is on disk, on <file>:
+//!                    <op> = set-size (to 0), open-truncate, unlink, close-unlinked (open,
+//!                    unlink, then drop the last descriptor), sync
 //! log-forge          host.log text, a field and a final error with newlines, `\r` and escapes
 //!                    that would start a forged log line
 //! path               mkdir -p <guest-dir>/<path>, hostPath <node-dir>/<path> (nesting, the prefix)
@@ -231,13 +234,23 @@ impl Guest for NodeAttack {
             }
             "list-all" => {
                 let dir = parameter(params, "dir").unwrap_or("");
-                let outcome = std::fs::read_dir(config.guest_path(dir))
-                    .and_then(|entries| entries.map(|e| e.map(drop)).count_ok())
-                    .map(|n| format!("{n} entries"));
-                note(
-                    format!("list {dir:?}"),
-                    outcome.map(drop).map_err(|e| e.to_string()),
-                );
+                let passes: usize = parameter(params, "passes")
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(1);
+                for pass in 1..=passes {
+                    let outcome = std::fs::read_dir(config.guest_path(dir))
+                        .and_then(|entries| entries.map(|e| e.map(drop)).count_ok());
+                    note(
+                        format!("list {dir:?} ({pass} of {passes})"),
+                        outcome.map(drop).map_err(|e| e.to_string()),
+                    );
+                }
+                Err(ProvisionError::Final(format!("did: {}", did.join("; "))))
+            }
+            "disk-work" => {
+                let file = parameter(params, "file").unwrap_or("file");
+                let op = parameter(params, "op").unwrap_or("set-size");
+                note(format!("{op} {file}"), disk_work(&config, op, file));
                 Err(ProvisionError::Final(format!("did: {}", did.join("; "))))
             }
             "value-flood" => {
@@ -305,6 +318,31 @@ impl<I: Iterator<Item = std::io::Result<()>>> CountOk for I {
         }
         Ok(n)
     }
+}
+
+/// One filesystem call on `file` whose cost is the kernel's, in proportion to the file's size
+/// on disk (a file with many extents takes seconds to free).
+fn disk_work(config: &Config, op: &str, file: &str) -> Result<(), String> {
+    use std::fs::OpenOptions;
+    let path = config.guest_path(file);
+    let writable = || OpenOptions::new().write(true).open(&path);
+    let outcome = match op {
+        "set-size" => writable().and_then(|f| f.set_len(0)),
+        "open-truncate" => OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .map(drop),
+        "unlink" => std::fs::remove_file(&path),
+        "close-unlinked" => writable().and_then(|f| {
+            std::fs::remove_file(&path)?;
+            drop(black_box(f));
+            Ok(())
+        }),
+        "sync" => writable().and_then(|f| f.sync_all()),
+        other => return Err(format!("unknown op {other:?}")),
+    };
+    outcome.map_err(|e| e.to_string())
 }
 
 /// Host resources held through the WASI filesystem API itself (std hides the handles).

@@ -37,13 +37,19 @@ pub fn exists(path: &str) -> Result<bool, ProvisionError> {
     }
 }
 
+/// Paths longer than this are not walked: the directory is moved up under the root first.
+/// Well below PATH_MAX (4096), leaving room for where the host keeps the granted directory.
+const LONGEST_WALKED_PATH: usize = 2048;
+
 /// `rm -r`; returns false when there was nothing to remove.
 ///
-/// A tenant's pod decides what is in a volume: a tree deeper than the call's descriptor cap,
-/// or more entries than the guest's memory holds. So this never holds more than one open
-/// directory (it walks down by path, removing files as it lists, and starts over from the top
-/// each time a directory is emptied and removed), and never keeps a listing in memory. A link
-/// is removed, never followed.
+/// A tenant's pod decides what is in a volume: a tree deeper than the call's descriptor cap or
+/// than PATH_MAX, or more entries than the guest's memory holds. So this never holds more than
+/// one open directory (it walks down by path, removing files as it lists, and starts over from
+/// the top each time a directory is emptied and removed), never keeps a listing in memory, and
+/// renames a directory whose path grows past `LONGEST_WALKED_PATH` to a short name right
+/// under `path` (`.deleting`, numbered if taken) before going on from the top. A link is
+/// removed, never followed.
 pub fn remove(path: &str) -> Result<bool, ProvisionError> {
     let fail = |at: &str, error: std::io::Error| final_error(format!("removing {at}: {error}"));
     match fs::symlink_metadata(path) {
@@ -55,7 +61,7 @@ pub fn remove(path: &str) -> Result<bool, ProvisionError> {
         }
         Ok(_) => {}
     }
-    loop {
+    'walk: loop {
         let mut at = path.to_owned();
         // Down to a directory with no subdirectory left, emptying each on the way.
         loop {
@@ -76,6 +82,11 @@ pub fn remove(path: &str) -> Result<bool, ProvisionError> {
                 }
             }
             match below {
+                // Moving it up shortens the paths below it; one right under `path` cannot be.
+                Some(child) if child.len() > LONGEST_WALKED_PATH && at != path => {
+                    rename_to_free_name(&child, path, ".deleting")?;
+                    continue 'walk;
+                }
                 Some(child) => at = child,
                 None => break,
             }
@@ -163,6 +174,26 @@ mod tests {
         );
         remove(&root).unwrap();
         remove(&outside).unwrap();
+    }
+
+    #[test]
+    fn removes_trees_deeper_than_path_max() {
+        let root = std::env::temp_dir().join(format!("sdk-path-max-{}", std::process::id()));
+        let root = root.to_str().unwrap().to_owned();
+        let (chain, up) = (format!("{root}/chain"), format!("{root}/up"));
+        create(&chain).unwrap();
+        fs::write(format!("{chain}/bottom"), b"x").unwrap();
+        // Grown from the top, since no path this long can be created in one go.
+        let long = "d".repeat(200);
+        for level in 0..40 {
+            create(&up).unwrap();
+            fs::rename(&chain, format!("{up}/{long}")).unwrap();
+            fs::write(format!("{up}/file-{level}"), b"x").unwrap();
+            fs::rename(&up, &chain).unwrap();
+        }
+        assert!(remove(&chain).unwrap());
+        assert!(!exists(&chain).unwrap());
+        remove(&root).unwrap();
     }
 
     #[test]

@@ -2,12 +2,17 @@
 //! check that a directory stays inside the granted one.
 //!
 //! Variables: `${pv.name}`, `${pvc.namespace}`, `${pvc.name}`, `${pvc.labels.KEY}`,
-//! `${pvc.annotations.KEY}`. A missing label or annotation is an error naming it (silently
-//! substituting "" would put different claims' data in one directory), and so is a value with
-//! a `/` in it: with `/` kept out of values, a pattern whose variables are separated by `/`
-//! (`${pvc.namespace}/${pvc.name}`) gives every claim a directory of its own (`team-a/x` and
-//! `team/a-x` never meet, as they would in `${pvc.namespace}-${pvc.name}`), and no tenant can
-//! write a path of its own choosing through an annotation.
+//! `${pvc.annotations.KEY}`. Every expansion must be a directory no other claim can get, and
+//! no tenant may write a path of its own choosing through an annotation, so these are errors
+//! naming the pattern:
+//! - a missing label or annotation (substituting "" would merge claims' directories);
+//! - a value with a `/` in it;
+//! - unless the pattern holds `${pv.name}` (unique per claim): two adjacent variables
+//!   (`${a}${b}`), or a value holding the first character of the text after its variable
+//!   (`team-a` in `${pvc.namespace}-${pvc.name}`, where `team-a/x` and `team/a-x` would both be
+//!   `team-a-x`). The expansion then reads back into one set of values.
+//!
+//! Variables separated by `/` (`${pvc.namespace}/${pvc.name}`) therefore always work.
 
 use crate::types::{Pair, ProvisionRequest};
 
@@ -84,8 +89,9 @@ impl From<PatternError> for crate::types::ProvisionError {
     }
 }
 
-/// Substitutes the variables of `pattern` without checking the result: for guests that allow
-/// `..` on purpose and confine the path themselves. Prefer [`expand`].
+/// Substitutes the variables of `pattern`, refusing the same values as [`expand`], without
+/// checking the result: for guests that allow `..` on purpose and confine the path themselves.
+/// Prefer [`expand`].
 pub fn substitute(pattern: &str, values: &PatternValues) -> Result<String, PatternError> {
     substitute_text(pattern, values).map_err(PatternError)
 }
@@ -98,16 +104,62 @@ fn expand_text(pattern: &str, values: &PatternValues) -> Result<String, String> 
     Ok(expanded)
 }
 
-fn substitute_text(pattern: &str, values: &PatternValues) -> Result<String, String> {
-    let mut expanded = String::new();
+/// A pattern split at its variables: literal text, or the name inside `${...}`.
+enum Piece<'p> {
+    Text(&'p str),
+    Variable(&'p str),
+}
+
+fn pieces(pattern: &str) -> Result<Vec<Piece<'_>>, String> {
+    let mut pieces = Vec::new();
     let mut rest = pattern;
     while let Some(start) = rest.find("${") {
-        expanded.push_str(&rest[..start]);
+        if start > 0 {
+            pieces.push(Piece::Text(&rest[..start]));
+        }
         let after_open = &rest[start + 2..];
         let end = after_open
             .find('}')
             .ok_or_else(|| format!("parameter pathPattern {pattern:?}: unclosed \"${{\""))?;
-        let variable = &after_open[..end];
+        pieces.push(Piece::Variable(&after_open[..end]));
+        rest = &after_open[end + 1..];
+    }
+    if !rest.is_empty() {
+        pieces.push(Piece::Text(rest));
+    }
+    Ok(pieces)
+}
+
+const SEPARATE: &str = "separate variables with `/`, as in `${pvc.namespace}/${pvc.name}`";
+
+fn substitute_text(pattern: &str, values: &PatternValues) -> Result<String, String> {
+    let pieces = pieces(pattern)?;
+    // The PV name is unique per claim, so an expansion holding it cannot be another claim's.
+    let unique = pieces
+        .iter()
+        .any(|piece| matches!(piece, Piece::Variable("pv.name")));
+    let mut expanded = String::new();
+    for (index, piece) in pieces.iter().enumerate() {
+        let variable = match piece {
+            Piece::Text(text) => {
+                expanded.push_str(text);
+                continue;
+            }
+            Piece::Variable(variable) => variable,
+        };
+        // Without a value ever holding the character that follows its variable, the expansion
+        // reads back into one set of values: no two claims share a directory.
+        let separator = match pieces.get(index + 1) {
+            _ if unique => None,
+            Some(Piece::Variable(next)) => {
+                return Err(format!(
+                    "parameter pathPattern {pattern:?}: ${{{variable}}} and ${{{next}}} are adjacent, \
+                     so two claims could get the same directory; {SEPARATE}"
+                ));
+            }
+            Some(Piece::Text(text)) => text.chars().next(),
+            None => None,
+        };
         let value = values
             .lookup(variable)
             .map_err(|why| format!("parameter pathPattern {pattern:?}: {why}"))?;
@@ -116,10 +168,14 @@ fn substitute_text(pattern: &str, values: &PatternValues) -> Result<String, Stri
                 "parameter pathPattern {pattern:?}: the value {value:?} of ${{{variable}}} contains `/`; values may not choose directories"
             ));
         }
+        if let Some(separator) = separator.filter(|&c| value.contains(c)) {
+            return Err(format!(
+                "parameter pathPattern {pattern:?}: the value {value:?} of ${{{variable}}} contains {separator:?}, \
+                 which follows it in the pattern, so another claim could get the same directory; {SEPARATE}"
+            ));
+        }
         expanded.push_str(value);
-        rest = &after_open[end + 1..];
     }
-    expanded.push_str(rest);
     Ok(expanded)
 }
 
@@ -235,6 +291,118 @@ mod tests {
                 .unwrap_err()
                 .contains("empty path component")
         );
+    }
+
+    /// `pattern` for claim `namespace/name` with volume `pvc-1` and fixed labels and annotations.
+    fn expand_as(pattern: &str, namespace: &str, name: &str) -> Result<String, String> {
+        let labels = [pair("app", "web-1"), pair("tier", "db")];
+        let annotations = [pair("example.com/owner", "a-b_c.d")];
+        let values = PatternValues {
+            pv_name: "pvc-1",
+            claim_namespace: namespace,
+            claim_name: name,
+            claim_labels: &labels,
+            claim_annotations: &annotations,
+        };
+        expand(pattern, &values).map_err(|error| error.to_string())
+    }
+
+    /// Pattern, namespace, name, and the directory or what the error says.
+    type Case<'a> = (&'a str, &'a str, &'a str, Result<&'a str, &'a [&'a str]>);
+
+    #[test]
+    fn expansions_never_collide_across_claims() {
+        let ns_dash_name = "${pvc.namespace}-${pvc.name}";
+        let ns_slash_name = "${pvc.namespace}/${pvc.name}";
+        let ns_under_name = "${pvc.namespace}_${pvc.name}";
+        let table: &[Case<'_>] = &[
+            (ns_dash_name, "team", "a-x", Ok("team-a-x")),
+            (
+                ns_dash_name,
+                "team-a",
+                "x",
+                Err(&[
+                    ns_dash_name,
+                    "${pvc.namespace}",
+                    "\"team-a\"",
+                    "'-'",
+                    ns_slash_name,
+                ]),
+            ),
+            (ns_slash_name, "team-a", "x", Ok("team-a/x")),
+            (ns_slash_name, "team", "a-x", Ok("team/a-x")),
+            (ns_under_name, "team-a", "x", Ok("team-a_x")),
+            (ns_under_name, "team", "a-x", Ok("team_a-x")),
+            (
+                "${pvc.namespace}${pvc.name}",
+                "team",
+                "ax",
+                Err(&["${pvc.namespace}${pvc.name}", "adjacent", ns_slash_name]),
+            ),
+            (
+                "${pvc.namespace}-${pvc.name}-${pv.name}",
+                "team-a",
+                "x",
+                Ok("team-a-x-pvc-1"),
+            ),
+            (
+                "${pv.name}${pvc.namespace}-${pvc.name}",
+                "team-a",
+                "x",
+                Ok("pvc-1team-a-x"),
+            ),
+            ("vol-${pvc.namespace}", "team-a", "x", Ok("vol-team-a")),
+            ("${pvc.name}-${pvc.labels.app}", "team", "x", Ok("x-web-1")),
+            (
+                "${pvc.labels.app}-${pvc.name}",
+                "team",
+                "x",
+                Err(&["${pvc.labels.app}", "\"web-1\"", "'-'"]),
+            ),
+            ("${pvc.labels.tier}-${pvc.name}", "team", "x", Ok("db-x")),
+            (
+                "${pvc.annotations.example.com/owner}_${pvc.name}",
+                "team",
+                "x",
+                Err(&["${pvc.annotations.example.com/owner}", "\"a-b_c.d\"", "'_'"]),
+            ),
+            (
+                "${pvc.annotations.example.com/owner}.d/${pvc.name}",
+                "team",
+                "x",
+                Err(&["'.'"]),
+            ),
+            (
+                "${pvc.annotations.example.com/owner}/${pvc.name}",
+                "team",
+                "x",
+                Ok("a-b_c.d/x"),
+            ),
+        ];
+        for (pattern, namespace, name, expected) in table {
+            let got = expand_as(pattern, namespace, name);
+            match (expected, &got) {
+                (Ok(dir), Ok(got)) => assert_eq!(got, dir, "{pattern} for {namespace}/{name}"),
+                (Err(fragments), Err(error)) => {
+                    for fragment in *fragments {
+                        assert!(
+                            error.contains(fragment),
+                            "{fragment:?} missing from {error}"
+                        );
+                    }
+                }
+                _ => panic!("{pattern} for {namespace}/{name}: expected {expected:?}, got {got:?}"),
+            }
+        }
+        let values = PatternValues {
+            pv_name: "pvc-1",
+            claim_namespace: "team-a",
+            claim_name: "x",
+            claim_labels: &[],
+            claim_annotations: &[],
+        };
+        let error = substitute(ns_dash_name, &values).unwrap_err().to_string();
+        assert!(error.contains("'-'"), "substitute refuses it too: {error}");
     }
 
     #[test]
