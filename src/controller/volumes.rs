@@ -1,4 +1,8 @@
 //! The delete path: one reconcile per PV, from "released and ours?" to storage and PV gone.
+//!
+//! What to do is decided by [`plan::plan_volume`]; the guest is asked through [`storage`], and a
+//! volume's intent-log entry is written by [`storage::volume_entry`]: this module says which PVs
+//! are queued for delete ([`queued_for_delete`]) and executes.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -21,8 +25,8 @@ use super::gate::{GateError, LockKey};
 use super::handle::{Handle, PvDeleted};
 use super::node::{self, VolumeOwner};
 use super::plan::{self, DeleteOrder, VolumeFacts, VolumePlan};
-use super::storage::intent::{Intent, IntentError, IntentLog, Storage, VolumeIntent};
-use super::storage::{self, Deleted, StorageError};
+use super::storage::intent::{Intent, IntentError, IntentLog, Storage};
+use super::storage::{self, Deleted, StorageError, volume_entry};
 use crate::controller::convert::ConvertError;
 use crate::wasm::{CallError, Guest, Plugins};
 
@@ -60,6 +64,9 @@ impl From<StorageError> for VolumeError {
         match error {
             StorageError::Convert(error) => VolumeError::Convert(error),
             StorageError::Guest(error) => VolumeError::Guest(error),
+            StorageError::Kube(error) => VolumeError::Kube(error),
+            StorageError::Gate(error) => VolumeError::Gate(error),
+            StorageError::Intent(error) => VolumeError::Intent(error),
         }
     }
 }
@@ -215,7 +222,7 @@ impl VolumeFacts for Facts<'_> {
         let provisioner = decide::claim_provisioner_of_volume(self.pv).unwrap_or_default();
         Some(log.fits(
             self.pv.metadata.uid.as_deref().unwrap_or_default(),
-            &deleted_entry(provisioner, self.pv, self.storage()),
+            &volume_entry::of_deleted(provisioner, self.pv, self.storage()),
         ))
     }
 }
@@ -242,11 +249,11 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
             return Ok(Done::Nothing);
         }
         VolumePlan::Keep => {
-            forget_entry(ctx, pv);
+            volume_entry::forget(ctx, pv);
             return Ok(Done::Nothing);
         }
         VolumePlan::WaitForGuest(provisioner) => {
-            forget_entry(ctx, pv);
+            volume_entry::forget(ctx, pv);
             wait_for_guest(handle, pv, provisioner, &plugins);
             return Ok(Done::Nothing);
         }
@@ -272,7 +279,7 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
         .map_err(VolumeError::from)?
     {
         tracing::debug!("guest's deletion guard kept the volume");
-        forget_entry(ctx, pv);
+        volume_entry::forget(ctx, pv);
         return Ok(Done::Nothing);
     }
     let live = match order {
@@ -322,13 +329,6 @@ async fn reread_deletable(
     }))
 }
 
-/// A volume that is not to be deleted may have been recorded ahead of its turn: its entry goes.
-fn forget_entry(ctx: &Context, pv: &PersistentVolume) {
-    if let (Some(log), Some(uid)) = (&ctx.intents, pv.metadata.uid.as_deref()) {
-        log.done(uid);
-    }
-}
-
 /// Intent-log mode: the PV goes first, then its storage, at one request per volume where a
 /// re-read and a delete cost two. The entry is durable before the PV is deleted; the delete
 /// carries the resourceVersion we decided on as precondition, so only that Released PV with
@@ -352,7 +352,7 @@ async fn delete_pv_first(
     let ahead = if log.holds(uid) {
         Vec::new()
     } else {
-        intents_ahead(ctx, uid, log)
+        volume_entry::intents_ahead(ctx, uid, log, queued_for_delete)
     };
     log.record(uid, &Intent::volume(provisioner, pv), ahead)
         .await?;
@@ -368,7 +368,7 @@ async fn delete_pv_first(
     }
     // Our DELETE succeeded: the storage is ours to delete, and the entry now says so. The write
     // rides on the next batch; a failure below waits for it, so recovery can retry.
-    let recorded = log.update(uid, &deleted_entry(provisioner, pv, &storage));
+    let recorded = log.update(uid, &volume_entry::of_deleted(provisioner, pv, &storage));
     if let Err(error) = &recorded {
         // Checked to fit a moment ago; the storage is deleted now all the same.
         tracing::warn!(%error, "could not record the PV delete; deleting its storage unrecorded");
@@ -395,50 +395,10 @@ async fn delete_pv_first(
     }
 }
 
-/// The entry of a volume whose PV our own DELETE removed: what deleting its storage needs.
-fn deleted_entry(provisioner: &str, pv: &PersistentVolume, storage: &Storage) -> Intent {
-    let Intent::Volume(ahead) = Intent::volume(provisioner, pv) else {
-        unreachable!("a volume intent")
-    };
-    Intent::Volume(VolumeIntent {
-        deleted: Some(storage.clone()),
-        ..ahead
-    })
-}
-
-/// Intents for the volumes that will be deleted next (Released, ours, not yet in the log): one
-/// intent write then covers a queue of deletes. One whose PV is then kept is dropped by recovery
-/// once it sees the PV still there; recovery asks the guest's deletion guard again before it
-/// deletes anything from an entry. The writer asks again when its turn comes
-/// ([`install_intents_ahead`]).
-fn intents_ahead(ctx: &Context, current: &str, log: &IntentLog) -> Vec<(String, Intent)> {
-    let plugins = ctx.plugins();
-    let mut ahead = Vec::new();
-    for cached in ctx.volumes.state() {
-        if ahead.len() >= AHEAD {
-            break;
-        }
-        let Some(pv) = cached.whole() else {
-            continue;
-        };
-        let Some(uid) = pv.metadata.uid.as_deref() else {
-            continue;
-        };
-        if uid == current || log.holds(uid) {
-            continue;
-        }
-        let Some(provisioner) = queued_for_delete(ctx, &plugins, pv) else {
-            continue;
-        };
-        ahead.push((uid.to_string(), Intent::volume(provisioner, pv)));
-    }
-    ahead
-}
-
 /// The provisioner whose guest the volume path will ask to delete this cached PV's storage:
 /// what [`plan::plan_volume`] decides for it now (Released, ours, on this node, not deleted by us
-/// already).
-pub(super) fn queued_for_delete<'a>(
+/// already). The intent log's queue ([`volume_entry::QueuedForDelete`]) and recovery ask it.
+pub fn queued_for_delete<'a>(
     ctx: &Context,
     plugins: &Plugins,
     pv: &'a PersistentVolume,
@@ -455,24 +415,6 @@ pub(super) fn queued_for_delete<'a>(
         _ => None,
     }
 }
-
-/// Lets the intent-log writer record the volumes released by the time its write goes out: PVs
-/// are released one by one by kube-controller-manager, so the queue seen when a record is made
-/// is short, and the one seen a budget turn later is longer.
-pub fn install_intents_ahead(ctx: &Arc<Context>) {
-    let (Some(log), false) = (&ctx.intents, ctx.settings.add_pv_finalizer) else {
-        return;
-    };
-    let weak = Arc::downgrade(ctx);
-    log.ahead_from(move |log| {
-        weak.upgrade()
-            .map(|ctx| intents_ahead(&ctx, "", log))
-            .unwrap_or_default()
-    });
-}
-
-/// Volumes recorded ahead per intent write at most.
-const AHEAD: usize = 64;
 
 fn class_name_of(pv: &PersistentVolume) -> String {
     pv.spec

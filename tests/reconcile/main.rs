@@ -27,6 +27,7 @@ use wasm_provisioner::controller::decide::{ANN_CLASS_RECORD, FINALIZER_CLAIM, FI
 use wasm_provisioner::controller::gate::Mode;
 use wasm_provisioner::controller::plan::ANN_MAX_IN_FLIGHT;
 use wasm_provisioner::controller::storage::intent::{Intent, IntentLog, Storage};
+use wasm_provisioner::controller::storage::volume_entry;
 use wasm_provisioner::controller::{Caches, Context, IntentRecord, Settings, volumes};
 use wasm_provisioner::metrics::{Metrics, Queue};
 use wasm_provisioner::wasm::{WasmEngine, load_dir};
@@ -125,7 +126,7 @@ impl World {
         let mut world = World::new(log_settings(), "");
         world.class("fast", json!({}), json!({}));
         let log = world.ctx.intents.clone().expect("log mode");
-        volumes::install_intents_ahead(&world.ctx);
+        volume_entry::install_intents_ahead(&world.ctx, volumes::queued_for_delete);
         tokio::spawn(log.clone().run());
         (world, log)
     }

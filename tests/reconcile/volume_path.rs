@@ -438,7 +438,7 @@ async fn a_volume_released_while_the_intent_write_waits_for_the_budget_rides_on_
     );
     world.class("fast", json!({}), json!({}));
     let log = world.ctx.intents.clone().expect("log mode");
-    volumes::install_intents_ahead(&world.ctx);
+    volume_entry::install_intents_ahead(&world.ctx, volumes::queued_for_delete);
     tokio::spawn(log.clone().run());
     let first = released_with_storage(&mut world, "pvc-w1", json!({}));
     // The budget is spent: the write recording the first volume waits about a second for its turn.

@@ -60,6 +60,18 @@ pub enum ClaimError {
     Intent(#[from] IntentError),
 }
 
+impl From<StorageError> for ClaimError {
+    fn from(error: StorageError) -> Self {
+        match error {
+            StorageError::Convert(error) => ClaimError::Convert(error),
+            StorageError::Guest(error) => ClaimError::Guest(error),
+            StorageError::Kube(error) => ClaimError::Kube(error),
+            StorageError::Gate(error) => ClaimError::Gate(error),
+            StorageError::Intent(error) => ClaimError::Intent(error),
+        }
+    }
+}
+
 impl Failure for ClaimError {
     fn gate(&self) -> Option<&GateError> {
         match self {

@@ -11,8 +11,10 @@
 //!
 //! What to do is decided once by [`plan::plan_claim`]; the guest's refusals are mapped by
 //! [`plan::react`]; this module executes, every write through the reconcile's [`Handle`]. Its
-//! parts: `error` (why a reconcile did not finish), `intents` (the claim's intent-log entry),
-//! `endings` (saving the PV, the cleanup of unsaved storage, releasing a deleted claim).
+//! parts: `error` (why a reconcile did not finish), `facts` (what the plan reads, and which
+//! claims are queued), `endings` (saving the PV, the cleanup of unsaved storage, releasing a
+//! deleted claim). The claim's intent-log entry is written by
+//! [`storage::claim_entry`]; this module says which claims are queued and how an attempt ended.
 
 use std::sync::Arc;
 
@@ -30,8 +32,8 @@ use super::events;
 use super::failures::fingerprint;
 use super::gate::LockKey;
 use super::handle::Handle;
-use super::node::{ClaimOwner, Pin};
-use super::plan::{self, ClaimFacts, ClaimPlan, DeletedOwner, Reaction};
+use super::plan::{self, ClaimPlan, Reaction};
+use super::storage::claim_entry::{self, Attempt};
 use super::storage::intent::IntentError;
 use super::storage::{self, Qualified, StorageError};
 use super::{Context, IntentRecord};
@@ -41,9 +43,10 @@ use crate::wasm::{Availability, CallError, Guest, Plugins};
 
 pub(super) mod endings;
 mod error;
-mod intents;
+mod facts;
 
 pub use error::ClaimError;
+use facts::{Facts, queued_for_provision};
 
 /// The data-source kind of a claim, the library's `source` metric label ("" without one).
 fn source_kind(pvc: &PersistentVolumeClaim) -> String {
@@ -127,7 +130,7 @@ pub async fn reconcile(
         .track(&handle, &tracked, span.clone(), provision(&handle, &pvc))
         .await;
     if let Some(log) = &ctx.intents {
-        intents::settle_entry(log, &tracked.key, &result);
+        claim_entry::settle(log, &tracked.key, attempt(&result));
     }
     if given_up {
         // No more attempts, so no more storage: the finalizer must not keep the claim forever.
@@ -152,61 +155,17 @@ pub fn error_policy(
     ctx.claim_book.requeue(&ctx, uid, fingerprint, error)
 }
 
-/// What the plan reads, answered from the caches, the guests and our own recent writes.
-struct Facts<'a> {
-    handle: &'a Handle<'a>,
-    pvc: &'a PersistentVolumeClaim,
-    plugins: &'a Plugins,
-    class: Option<Arc<StorageClass>>,
-}
-
-impl ClaimFacts for Facts<'_> {
-    fn serving(&self, provisioner: &str) -> Serving {
-        serving(self.plugins, provisioner)
-    }
-
-    fn class(&self, name: &str) -> Option<&StorageClass> {
-        self.class
-            .as_deref()
-            .filter(|c| c.metadata.name.as_deref() == Some(name))
-    }
-
-    fn holds_finalizer(&self) -> bool {
-        self.handle.holds_claim_finalizer(self.pvc)
-    }
-
-    fn volumes_listed(&self) -> bool {
-        self.handle.ctx().volumes_listed()
-    }
-
-    fn pv_known(&self) -> bool {
-        decide::pv_name(self.pvc).is_some_and(|pv| self.handle.pv_known(&pv))
-    }
-
-    fn owner(&self, class: &StorageClass) -> Option<ClaimOwner> {
-        let node = self.handle.ctx().node.as_ref()?;
-        Some(node.claim_owner(self.pvc, class))
-    }
-
-    fn deleted_owner(&self) -> DeletedOwner {
-        let Some(node) = &self.handle.ctx().node else {
-            return DeletedOwner::Me;
-        };
-        match decide::selected_node(self.pvc) {
-            Some(me) if me == node.settings.name => DeletedOwner::Me,
-            Some(other) if !node.exists(Pin::Name(other)) => DeletedOwner::NodeGone(other.into()),
-            _ => DeletedOwner::Other,
-        }
-    }
-
-    fn guest_busy(&self, provisioner: &str) -> bool {
-        self.plugins
-            .for_provisioner(provisioner)
-            .is_some_and(|g| g.at_capacity())
-    }
-
-    fn class_busy(&self, class: &StorageClass) -> bool {
-        self.handle.ctx().in_flight.at_limit(class)
+/// How the attempt ended, for the claim's intent-log entry: a call that ended without an answer
+/// may have built anything.
+fn attempt(result: &Result<Action, ClaimError>) -> Attempt {
+    match result {
+        Ok(_) => Attempt::Finished,
+        Err(
+            ClaimError::InBackground(_)
+            | ClaimError::Timeout(_)
+            | ClaimError::Guest(CallError::Fault { .. }),
+        ) => Attempt::Unanswered,
+        Err(_) => Attempt::Failed,
     }
 }
 
@@ -214,12 +173,7 @@ impl ClaimFacts for Facts<'_> {
 async fn provision(handle: &Handle<'_>, pvc: &PersistentVolumeClaim) -> Result<Done, ClaimError> {
     let ctx = handle.ctx();
     let plugins = ctx.plugins();
-    let facts = Facts {
-        handle,
-        pvc,
-        plugins: &plugins,
-        class: decide::claim_class(pvc).and_then(|name| ctx.class(name)),
-    };
+    let facts = Facts::of(handle, pvc, &plugins);
     match plan::plan_claim(pvc, &facts) {
         ClaimPlan::Skip(reason) => {
             tracing::trace!(reason, "not provisioning");
@@ -354,7 +308,7 @@ async fn call_guest(
             warn_claim(handle, pvc, events::PROVISIONING_FAILED, error.to_string());
             return Err(error);
         }
-        Err(StorageError::Guest(error)) => return Err(ClaimError::Guest(error)),
+        Err(error) => return Err(error.into()),
     };
 
     let pvc = match (ctx.settings.intent, &ctx.intents) {
@@ -365,8 +319,10 @@ async fn call_guest(
         (IntentRecord::Log, Some(log)) => {
             let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
             handle.gate().await?;
-            let ahead = intents::intents_ahead(handle, &ctx.plugins(), uid, log);
-            let entry = intents::claim_entry(&class.provisioner, &pv_name, pvc);
+            let ahead = claim_entry::intents_ahead(ctx, uid, log, |plugins, queued| {
+                queued_for_provision(handle, plugins, queued)
+            });
+            let entry = claim_entry::of(&class.provisioner, &pv_name, pvc);
             match log.record(uid, &entry, ahead).await {
                 Ok(()) => pvc.clone(),
                 // The log is shared by every class: one that holds as much as it may (claims
@@ -423,7 +379,7 @@ async fn call_guest(
             return Err(ClaimError::Guest(error));
         }
     };
-    intents::record_built(ctx, &pvc, &pv, class);
+    claim_entry::record_built(ctx, &pvc, &pv, class);
 
     // The claim may have been deleted while the guest worked: then the storage goes, no PV.
     // The cache is enough: our finalizer keeps the claim, so deletion shows as a timestamp

@@ -1,16 +1,21 @@
 //! The storage protocol: what a guest is asked, in which order, to build a claim's storage and
 //! to delete a volume's, and what each answer means; with the durable record of what may need
-//! deleting ([`intent`]) and what becomes of a record nobody is working on ([`recovery`]).
+//! deleting ([`intent`]), each path's entries in it ([`claim_entry`], [`volume_entry`]) and what
+//! becomes of an entry nobody is working on ([`recovery`]). One error type, [`StorageError`],
+//! says why a step did not complete; the log keeps its own ([`intent::IntentError`]) inside it.
 //!
 //! The claim and volume paths, recovery and the offline commands all call guests through here,
 //! so the sequence (block support, request, qualifier, provision; guard, delete) is written once.
-//! Gating a call (this replica's lease) is the caller's: each step is one future to wrap.
+//! Gating a call (this replica's lease) is the caller's: each step is one future to wrap. Which
+//! claims and volumes are queued is each path's word, passed in: nothing here imports them.
 //!
 //! Nothing here ever asks a guest what it built in order to delete it: a delete is always of a
 //! volume a guest call returned, or of a PV the cluster holds.
 
+pub mod claim_entry;
 pub mod intent;
 pub mod recovery;
+pub mod volume_entry;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -18,6 +23,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use super::Context;
 use super::convert::{self, ConvertError, PvIdentity};
 use super::decide;
+use super::gate::GateError;
 use crate::wasm::bindings::types::{ProvisionError, ProvisionRequest};
 use crate::wasm::{CallError, Guest};
 
@@ -30,6 +36,15 @@ pub enum StorageError {
     /// The guest failed, refused, or was refused by the host.
     #[error(transparent)]
     Guest(#[from] CallError),
+    /// An API request failed (recovery's live checks).
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// This replica may not write now.
+    #[error(transparent)]
+    Gate(#[from] GateError),
+    /// An entry's new state could not be recorded.
+    #[error(transparent)]
+    Intent(#[from] intent::IntentError),
 }
 
 impl StorageError {
@@ -45,6 +60,9 @@ impl StorageError {
         }
     }
 }
+
+/// Entries recorded ahead per intent write at most, for claims and for volumes each.
+const AHEAD: usize = 64;
 
 /// What a guest says before it is asked to build a claim's storage.
 #[derive(Debug)]

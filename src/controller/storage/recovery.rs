@@ -15,29 +15,13 @@
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use kube::runtime::reflector::ObjectRef;
 
+use super::StorageError;
 use super::intent::{ClaimIntent, Intent, IntentLog, Storage, VolumeIntent};
 use crate::controller::Context;
 use crate::controller::cache::{self, CachedVolume};
 use crate::controller::events;
 use crate::controller::gate::LockKey;
 use crate::controller::handle::Handle;
-
-/// Why one entry could not be settled this time.
-#[derive(Debug, thiserror::Error)]
-pub enum RecoveryError {
-    /// An API request failed.
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    /// The guest could not delete the storage (or the record cannot be expressed to it).
-    #[error(transparent)]
-    Storage(#[from] super::StorageError),
-    /// This replica may not write now.
-    #[error(transparent)]
-    Gate(#[from] crate::controller::gate::GateError),
-    /// The entry's new state could not be recorded.
-    #[error(transparent)]
-    Intent(#[from] super::intent::IntentError),
-}
 
 /// What the caches say about the objects one entry names.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -295,7 +279,7 @@ async fn delete_recorded(
     log: &IntentLog,
     key: &str,
     intent: &Intent,
-) -> Result<bool, RecoveryError> {
+) -> Result<bool, StorageError> {
     let ctx = handle.ctx();
     let storage = intent.storage().expect("planned with storage");
     match live_owner(handle, key, intent).await? {
@@ -330,7 +314,7 @@ async fn delete_recorded(
         }
         Err(error) => {
             failed(handle, log, key, intent, &error.to_string())?;
-            Err(error.into())
+            Err(error)
         }
     }
 }
@@ -343,7 +327,7 @@ fn failed(
     key: &str,
     intent: &Intent,
     error: &str,
-) -> Result<(), RecoveryError> {
+) -> Result<(), StorageError> {
     let threshold = handle.ctx().settings.failed_delete_threshold;
     let retries = log.failed(key, error, threshold)?.unwrap_or_default();
     let reference = pv_reference(intent.pv(), Some(key));
@@ -393,7 +377,7 @@ async fn live_owner(
     handle: &Handle<'_>,
     key: &str,
     intent: &Intent,
-) -> Result<LiveOwner, RecoveryError> {
+) -> Result<LiveOwner, StorageError> {
     if let Some(live) = handle.get_pv(intent.pv()).await? {
         let same = live.metadata.uid.as_deref() == Some(key);
         return Ok(LiveOwner::Named(if same {
