@@ -19,6 +19,7 @@ use common::e2e::{Fixture, uid};
 use common::{dir_grant, guest_wasm};
 use limits::{
     a_compile_bomb_under_the_containers_memory_limit, attacks_under_the_containers_memory_limit,
+    the_oom_killer_takes_the_compiler_not_the_controller,
 };
 
 /// One test's world: the fixture, a plugins directory, storage roots and the provisioner.
@@ -106,6 +107,17 @@ impl World {
         Ok(())
     }
 
+    /// The hostpath guest as `good`, its volumes in `/volumes` (the path its grant's config names).
+    fn install_good(&self) -> anyhow::Result<()> {
+        self.install("good", "hostpath", "")?;
+        std::fs::write(
+            self.plugins.join("good.toml"),
+            self.grant("good", "")?
+                .replace("\"/state\"", "\"/volumes\""),
+        )?;
+        Ok(())
+    }
+
     /// The provisioner's PID.
     fn pid(&self) -> u32 {
         self.process.as_ref().map(|p| p.pid()).unwrap_or_default()
@@ -176,11 +188,7 @@ async fn a_misbehaving_guest_never_slows_the_others(cp: Arc<ControlPlane>) -> an
         w.grant("attack", attack_limits)?
             .replace("call-timeout-ms = 5000", "call-timeout-ms = 1500"),
     )?;
-    w.install("good", "hostpath", "")?;
-    std::fs::write(
-        w.plugins.join("good.toml"),
-        w.grant("good", "")?.replace("\"/state\"", "\"/volumes\""),
-    )?;
+    w.install_good()?;
     w.start(&["--worker-threads", "8"])?;
     let good = w.create_class("good", "good", &[]).await?;
 
@@ -460,6 +468,7 @@ fn main() -> std::process::ExitCode {
             a_guest_cannot_hand_a_pod_the_node_through_a_symlink,
             attacks_under_the_containers_memory_limit,
             a_compile_bomb_under_the_containers_memory_limit,
+            the_oom_killer_takes_the_compiler_not_the_controller,
         ],
     )
 }

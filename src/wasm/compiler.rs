@@ -72,7 +72,9 @@ pub enum CompileError {
 
 /// Compiles `bytes` in a child under `limits`; wasmtime's serialized artifact.
 pub fn compile_in_child(limits: &CompileLimits, bytes: &[u8]) -> Result<Vec<u8>, CompileError> {
-    let mut child = Command::new(&limits.program)
+    let mut command = Command::new(&limits.program);
+    first_to_go_when_memory_runs_out(&mut command);
+    let mut child = command
         .arg("compile-guest")
         .arg("--memory-mib")
         .arg(limits.memory_mib.to_string())
@@ -154,16 +156,38 @@ fn read_capped(from: &mut impl Read, cap: usize) -> std::io::Result<Option<Vec<u
     Ok(None)
 }
 
+/// Makes the child the kernel's OOM killer's first choice (`oom_score_adj` 1000) from its first
+/// instruction. Compiling shares the container's memory limit with the controller, and RLIMIT_AS
+/// caps the child's address space, not what the cgroup has left: when the two together reach the
+/// limit, the kernel must take the child, never the controller (it picks the largest process by
+/// default, which is the controller). Set before `exec`, not by the child itself: its start-up
+/// (loading, the runtime, parsing its arguments) allocates before its first line runs, and an
+/// OOM in that window would go by size. Raising a score needs no privilege.
+fn first_to_go_when_memory_runs_out(command: &mut Command) {
+    use rustix::fs::{Mode, OFlags};
+    use std::os::unix::process::CommandExt;
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs between fork and exec, where only async-signal-safe work is
+    // allowed: rustix's open of a static C string and write of a static buffer allocate
+    // nothing and take no lock.
+    unsafe {
+        command.pre_exec(|| {
+            let fd = rustix::fs::open(
+                c"/proc/self/oom_score_adj",
+                OFlags::WRONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            rustix::io::write(&fd, b"1000")?;
+            Ok(())
+        });
+    }
+}
+
 /// The child's side (`wasm-provisioner compile-guest`): limits itself, reads the component
 /// from stdin, writes the artifact to stdout.
 pub fn run_child(memory_mib: u64, cpu_seconds: u64) -> anyhow::Result<()> {
     use rustix::process::{Resource, Rlimit, setrlimit};
-    // Compiling shares the container's memory limit with the controller, and RLIMIT_AS caps
-    // this process' address space, not what the cgroup has left: when the two together reach
-    // the limit, the kernel's OOM killer must take this process, never the controller (it
-    // picks the largest by default, which is the controller while guests run). Raising one's
-    // own score needs no privilege.
-    std::fs::write("/proc/self/oom_score_adj", "1000")?;
+    // The parent made this process the OOM killer's first choice before exec.
     let bytes = memory_mib.saturating_mul(1 << 20);
     setrlimit(
         Resource::As,

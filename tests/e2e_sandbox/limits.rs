@@ -258,31 +258,9 @@ pub(crate) async fn attacks_under_the_containers_memory_limit(
     Ok(())
 }
 
-/// A compile bomb dropped into the plugins directory of a `run` process in a 512 MiB cgroup,
-/// with the shipped compile limits: the process survives, the bomb is refused and, across
-/// rescans, never compiled again (compiler children counted in the cgroup), the compiler child
-/// is the OOM killer's first choice, and the good guest serves throughout.
-pub(crate) async fn a_compile_bomb_under_the_containers_memory_limit(
-    cp: Arc<ControlPlane>,
-) -> anyhow::Result<()> {
-    let cgroup = container_cgroup("sandbox-bomb")?;
-    let mut w = World::new(cp, "bomb").await?;
-    w.install("good", "hostpath", "")?;
-    std::fs::write(
-        w.plugins.join("good.toml"),
-        w.grant("good", "")?.replace("\"/state\"", "\"/volumes\""),
-    )?;
-    w.start_in(&cgroup, &["--plugins-rescan-interval", "2s"])?;
-    let pid = w.pid();
-    let good = w.create_class("good", "good", &[]).await?;
-    let mut before = Vec::new();
-    for i in 0..3 {
-        before.push(w.time_to_bound(&format!("before-{i}"), &good).await?);
-    }
-    let sampler = Sampler::start(pid, cgroup.path().to_owned());
-    let rss_before = status_field(pid, "VmRSS:") / 1024;
-    // Past the container's memory with the shipped --compile-memory-mib of 1024
-    // (WP_BOMB_FUNCTIONS, _LOCALS, _OPS to change its shape).
+/// Drops a compile bomb (10 MiB of text, 2 functions of 100,000 additions over 2,000 locals;
+/// WP_BOMB_FUNCTIONS, _LOCALS, _OPS change its shape) and its grant into the plugins directory.
+fn drop_bomb(w: &World) -> anyhow::Result<Vec<u8>> {
     let size = |name: &str, default: usize| {
         std::env::var(name)
             .ok()
@@ -299,6 +277,29 @@ pub(crate) async fn a_compile_bomb_under_the_containers_memory_limit(
         "provisioner = \"e2e.wasm-provisioner.dev/bomb\"\n",
     )?;
     std::fs::write(w.plugins.join("bomb.wasm"), &bomb)?;
+    Ok(bomb)
+}
+
+/// A compile bomb dropped into the plugins directory of a `run` process in a 512 MiB cgroup,
+/// with the shipped compile limits: the process survives, the bomb is refused and, across
+/// rescans, never compiled again (compiler children counted in the cgroup), the compiler child
+/// is the OOM killer's first choice, and the good guest serves throughout.
+pub(crate) async fn a_compile_bomb_under_the_containers_memory_limit(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let cgroup = container_cgroup("sandbox-bomb")?;
+    let mut w = World::new(cp, "bomb").await?;
+    w.install_good()?;
+    w.start_in(&cgroup, &["--plugins-rescan-interval", "2s"])?;
+    let pid = w.pid();
+    let good = w.create_class("good", "good", &[]).await?;
+    let mut before = Vec::new();
+    for i in 0..3 {
+        before.push(w.time_to_bound(&format!("before-{i}"), &good).await?);
+    }
+    let sampler = Sampler::start(pid, cgroup.path().to_owned());
+    let rss_before = status_field(pid, "VmRSS:") / 1024;
+    let bomb = drop_bomb(&w)?;
     let dropped = Instant::now();
     // Served while the bomb compiles.
     let mut during = Vec::new();
@@ -378,5 +379,79 @@ pub(crate) async fn a_compile_bomb_under_the_containers_memory_limit(
         first_refusals == 1,
         "one refusal after compiling, the rest by SHA-256: {refusals:?}"
     );
+    Ok(())
+}
+
+/// Guests loaded beside the good one in the OOM test (name, crate).
+const GUESTS_THAT_WEIGH: [(&str, &str); 5] = [
+    ("local", "local_path"),
+    ("nfs", "nfs_subdir"),
+    ("scripted", "scripted"),
+    ("attack", "attack"),
+    ("node", "node_attack"),
+];
+
+/// When the compiler child and the controller together reach the container's limit, the
+/// kernel's OOM killer takes the child, even though the controller is the larger process (its
+/// default choice): the limit is lowered to what the warm controller uses plus 16 MiB, a bomb
+/// is dropped in, and the kernel must pick. The controller survives, the bomb is refused as
+/// killed, and the good guest serves once the limit is back. Without the child's
+/// `oom_score_adj` of 1000, the kernel took the controller.
+pub(crate) async fn the_oom_killer_takes_the_compiler_not_the_controller(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let cgroup = container_cgroup("sandbox-oom")?;
+    let mut w = World::new(cp, "oom").await?;
+    w.install_good()?;
+    // More guests loaded make a controller larger than a compiler child near its start.
+    for (name, krate) in GUESTS_THAT_WEIGH {
+        w.install(name, krate, "")?;
+    }
+    w.start_in(&cgroup, &["--plugins-rescan-interval", "1s"])?;
+    let pid = w.pid();
+    let good = w.create_class("good", "good", &[]).await?;
+    w.time_to_bound("before", &good).await?;
+    let controller_mib = status_field(pid, "VmRSS:") / 1024;
+    let tight = cgroup.current_bytes()? + (16 << 20);
+    cgroup.set_limit(tight)?;
+    let sampler = Sampler::start(pid, cgroup.path().to_owned());
+    drop_bomb(&w)?;
+    let refused = w
+        .wait("the bomb refused", || async {
+            Ok(w.log()
+                .lines()
+                .find(|l| l.contains("plugin not loaded") && l.contains("bomb.wasm"))
+                .map(|l| l.chars().take(300).collect::<String>()))
+        })
+        .await;
+    let samples = sampler.finish();
+    let oom_kills = cgroup.oom_kills()?;
+    let survived = w.process.as_mut().is_some_and(|p| p.is_running());
+    println!(
+        "limit {} MiB (controller RSS {controller_mib} MiB); compiler children {:?}, peak {} MiB; cgroup oom_kill {oom_kills}; controller alive: {survived}; {refused:?}",
+        tight >> 20,
+        samples.compilers,
+        samples.compiler_hwm_mib,
+    );
+    ensure!(
+        survived,
+        "the OOM killer took the controller (oom_kill {oom_kills})"
+    );
+    let refused = refused?;
+    ensure!(
+        oom_kills >= 1,
+        "the kernel had to choose: oom_kill {oom_kills}"
+    );
+    ensure!(
+        samples.compiler_hwm_mib < controller_mib,
+        "the child ({} MiB) was the larger process, so size alone would have picked it; the test decides nothing",
+        samples.compiler_hwm_mib
+    );
+    ensure!(
+        refused.contains("killed"),
+        "the refusal says the compiler was killed: {refused}"
+    );
+    cgroup.set_limit(CONTAINER_MIB << 20)?;
+    w.time_to_bound("after", &good).await?;
     Ok(())
 }

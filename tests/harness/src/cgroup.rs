@@ -59,6 +59,27 @@ impl MemoryCgroup {
         Ok(cgroup)
     }
 
+    /// Changes the memory limit of the cgroup and what runs in it.
+    pub fn set_limit(&self, limit_bytes: u64) -> anyhow::Result<()> {
+        let limit = limit_bytes.to_string();
+        match self.version {
+            CgroupVersion::V2 => self.write("memory.max", &limit),
+            CgroupVersion::V1 => {
+                // memsw may not go below the memory limit: order the two writes accordingly.
+                let memsw = self.path.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() && limit_bytes > self.read_u64("memory.limit_in_bytes")? {
+                    self.write("memory.memsw.limit_in_bytes", &limit)?;
+                    return self.write("memory.limit_in_bytes", &limit);
+                }
+                self.write("memory.limit_in_bytes", &limit)?;
+                if memsw.exists() {
+                    self.write("memory.memsw.limit_in_bytes", &limit)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// The cgroup's directory.
     pub fn path(&self) -> &Path {
         &self.path

@@ -87,7 +87,7 @@ async fn main() -> anyhow::Result<()> {
         "metadata": {"name": "hostpath"},
         "provisioner": PROVISIONER,
         "reclaimPolicy": "Delete",
-        "parameters": {"pathPattern": "${pvc.namespace}-${pvc.name}"},
+        "parameters": {"pathPattern": "${pvc.namespace}_${pvc.name}"},
     }))?;
     Api::<StorageClass>::all(admin.clone())
         .create(&PostParams::default(), &class)
