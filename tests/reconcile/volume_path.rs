@@ -317,6 +317,52 @@ async fn a_pv_recreated_over_storage_whose_delete_failed_keeps_it() {
     assert_eq!(log.len(), 0);
 }
 
+/// Our DELETE of a PV goes through, its storage delete fails, and the PV lingers, terminating
+/// behind kube-controller-manager's pv-protection finalizer: a reconcile of it then must not
+/// forget the entry that records the storage still to delete. Before, it did (the plan keeps a
+/// terminating PV, and keeping one forgot its entry): the storage leaked with no retry and
+/// nothing to list, whenever kube-controller-manager was slow to remove its finalizer.
+#[tokio::test]
+async fn a_terminating_pv_keeps_the_record_of_its_failed_storage_delete() {
+    let mut world = World::new(log_settings(), "");
+    world.class("fast", json!({}), json!({}));
+    let log = world.ctx.intents.clone().expect("log mode");
+    tokio::spawn(log.clone().run());
+    let pv = released_with_storage(
+        &mut world,
+        "pvc-term",
+        json!({"scripted.wasm-provisioner.dev/delete-fail": "final"}),
+    );
+    volumes::reconcile(pv.clone(), world.ctx.clone())
+        .await
+        .expect_err("the guest's delete fails");
+    log.attempt_over("uid-pvc-term");
+    let mut terminating = (*pv).clone();
+    terminating.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+    );
+    terminating.metadata.finalizers = Some(vec!["kubernetes.io/pv-protection".into()]);
+    world
+        .volumes
+        .apply_watcher_event(&watcher::Event::Apply(cached_volume(terminating.clone())));
+    let _ = volumes::reconcile(Arc::new(terminating), world.ctx.clone()).await;
+    assert!(
+        matches!(log.get("uid-pvc-term"), Some(Intent::Volume(entry)) if entry.deleted.is_some()),
+        "the record of the storage still to delete is kept: {:?}",
+        log.get("uid-pvc-term")
+    );
+    world
+        .volumes
+        .apply_watcher_event(&watcher::Event::Delete(cached_volume((*pv).clone())));
+    let _ = wasm_provisioner::controller::recover_intents(&world.ctx).await;
+    assert_eq!(
+        world.guest_calls().matches("delete").count(),
+        2,
+        "recovery tries the storage again: {}",
+        world.guest_calls()
+    );
+}
+
 /// A storage delete that keeps failing stops at the threshold, is listed, and `forget-storage`
 /// removes it from the log while the process that holds it runs.
 #[tokio::test]

@@ -132,9 +132,12 @@ pub async fn recover_intents(
         return Ok(0);
     };
     log.adopt_others().await?;
-    let mut settled = 0;
-    for (key, intent) in log.entries() {
+    let (mut settled, mut fresh) = (0, 0);
+    let entries = log.entries();
+    let total = entries.len();
+    for (key, intent) in entries {
         if log.is_fresh(&key) {
+            fresh += 1;
             continue;
         }
         let lock = match intent {
@@ -146,7 +149,12 @@ pub async fn recover_intents(
             break;
         };
         let facts = facts_of(ctx, log, &key, &intent, queued);
-        let outcome = match plan_entry(&key, &intent, &facts) {
+        let plan = plan_entry(&key, &intent, &facts);
+        if let Intent::Volume(_) = intent {
+            // Volume entries are few (a queue of deletes): each one's plan, for the debug log.
+            tracing::debug!(%key, pv = %intent.pv(), ?plan, ?facts, "volume entry planned");
+        }
+        let outcome = match plan {
             EntryPlan::Leave => Ok(false),
             EntryPlan::Drop => Ok(true),
             EntryPlan::Keep(why) => {
@@ -166,6 +174,7 @@ pub async fn recover_intents(
             }
         }
     }
+    tracing::debug!(entries = total, fresh, settled, "intent log recovery pass");
     Ok(settled)
 }
 

@@ -16,10 +16,11 @@ use crate::wasm::Plugins;
 /// PV's storage, if it will.
 pub type QueuedForDelete = for<'a> fn(&Context, &Plugins, &'a PersistentVolume) -> Option<&'a str>;
 
-/// A volume that is not to be deleted may have been recorded ahead of its turn: its entry goes.
+/// A volume that is not to be deleted may have been recorded ahead of its turn: its entry goes,
+/// unless it records our own DELETE of the PV (storage still to delete: recovery's).
 pub fn forget(ctx: &Context, pv: &PersistentVolume) {
     if let (Some(log), Some(uid)) = (&ctx.intents, pv.metadata.uid.as_deref()) {
-        log.done(uid);
+        log.forget_kept_volume(uid);
     }
 }
 

@@ -367,6 +367,23 @@ impl IntentLog {
         state.remove(key);
     }
 
+    /// Forgets the entry of a volume that is kept after all (recorded ahead of its turn). One
+    /// that records our own DELETE of the PV stays: it stands for storage still to delete,
+    /// whatever the PV shows meanwhile (it lingers, terminating, behind kube-controller-manager's
+    /// pv-protection finalizer, and the volume path keeps a terminating PV).
+    pub fn forget_kept_volume(&self, key: &str) {
+        let mut state = self.state();
+        let records_delete = state
+            .entries
+            .get(key)
+            .and_then(|text| serde_json::from_str::<Intent>(text).ok())
+            .is_some_and(|intent| matches!(intent, Intent::Volume(v) if v.deleted.is_some()));
+        if !records_delete {
+            state.fresh.remove(key);
+            state.remove(key);
+        }
+    }
+
     /// Forgets an entry unless a reconcile took it up since recovery looked (that one settles it).
     pub fn drop_unless_fresh(&self, key: &str) {
         let mut state = self.state();
