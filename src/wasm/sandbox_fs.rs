@@ -141,11 +141,7 @@ impl FsGuard {
 
     /// Room for one more descriptor, or the trap that ends the call.
     fn admit(&mut self) -> Result<(), DescriptorCapHit> {
-        let (alive, released) = std::mem::take(&mut self.held)
-            .into_iter()
-            .partition(Held::alive);
-        self.held = alive;
-        close_on_pool(released);
+        close_on_pool(self.held.extract_if(.., |held| !held.alive()).collect());
         if self.held.len() >= self.max_descriptors {
             self.descriptors_hit = true;
             return Err(DescriptorCapHit(self.max_descriptors));
@@ -471,10 +467,7 @@ impl HostDescriptor for SandboxFsView<'_> {
         flags: DescriptorFlags,
     ) -> FsResult<Resource<Descriptor>> {
         self.guard.admit().map_err(FsError::trap)?;
-        let (dir, perms) = match self.inner.table.get(&fd)? {
-            Descriptor::Dir(dir) => (Arc::clone(&dir.dir), dir.perms),
-            Descriptor::File(_) => return Err(ErrorCode::NotDirectory.into()),
-        };
+        let (dir, perms) = self.dir_of(&fd)?;
         // The same flag rules as wasmtime-wasi's own open-at.
         if flags.intersects(
             DescriptorFlags::FILE_INTEGRITY_SYNC

@@ -317,6 +317,31 @@ async fn a_pv_recreated_over_storage_whose_delete_failed_keeps_it() {
     assert_eq!(log.len(), 0);
 }
 
+/// A Released PV of ours (class `fast`, the log running) whose PV went first and whose storage
+/// delete then failed (the guest's delete answers `final`): the reconcile is over, the entry
+/// recording the storage still to delete is recovery's.
+async fn failed_storage_delete(
+    world: &mut World,
+    name: &str,
+) -> (
+    Arc<wasm_provisioner::controller::storage::intent::IntentLog>,
+    Arc<PersistentVolume>,
+) {
+    world.class("fast", json!({}), json!({}));
+    let log = world.ctx.intents.clone().expect("log mode");
+    tokio::spawn(log.clone().run());
+    let pv = released_with_storage(
+        world,
+        name,
+        json!({"scripted.wasm-provisioner.dev/delete-fail": "final"}),
+    );
+    volumes::reconcile(pv.clone(), world.ctx.clone())
+        .await
+        .expect_err("the guest's delete fails");
+    log.attempt_over(&format!("uid-{name}"));
+    (log, pv)
+}
+
 /// Our DELETE of a PV goes through, its storage delete fails, and the PV lingers, terminating
 /// behind kube-controller-manager's pv-protection finalizer: a reconcile of it then must not
 /// forget the entry that records the storage still to delete. Before, it did (the plan keeps a
@@ -325,18 +350,7 @@ async fn a_pv_recreated_over_storage_whose_delete_failed_keeps_it() {
 #[tokio::test]
 async fn a_terminating_pv_keeps_the_record_of_its_failed_storage_delete() {
     let mut world = World::new(log_settings(), "");
-    world.class("fast", json!({}), json!({}));
-    let log = world.ctx.intents.clone().expect("log mode");
-    tokio::spawn(log.clone().run());
-    let pv = released_with_storage(
-        &mut world,
-        "pvc-term",
-        json!({"scripted.wasm-provisioner.dev/delete-fail": "final"}),
-    );
-    volumes::reconcile(pv.clone(), world.ctx.clone())
-        .await
-        .expect_err("the guest's delete fails");
-    log.attempt_over("uid-pvc-term");
+    let (log, pv) = failed_storage_delete(&mut world, "pvc-term").await;
     let mut terminating = (*pv).clone();
     terminating.metadata.deletion_timestamp = Some(
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
@@ -374,18 +388,7 @@ async fn a_storage_delete_that_keeps_failing_stops_at_the_threshold_and_can_be_f
         },
         "",
     );
-    world.class("fast", json!({}), json!({}));
-    let log = world.ctx.intents.clone().expect("log mode");
-    tokio::spawn(log.clone().run());
-    let pv = released_with_storage(
-        &mut world,
-        "pvc-st",
-        json!({"scripted.wasm-provisioner.dev/delete-fail": "final"}),
-    );
-    volumes::reconcile(pv.clone(), world.ctx.clone())
-        .await
-        .expect_err("the guest's delete fails");
-    log.attempt_over("uid-pvc-st");
+    let (log, pv) = failed_storage_delete(&mut world, "pvc-st").await;
     world
         .volumes
         .apply_watcher_event(&watcher::Event::Delete(cached_volume((*pv).clone())));

@@ -169,6 +169,17 @@ impl LogState {
         }
     }
 
+    /// The entry held under `key`, read back.
+    fn intent(&self, key: &str) -> Option<Intent> {
+        serde_json::from_str(self.entries.get(key)?).ok()
+    }
+
+    /// Forgets an entry and that a reconcile works on it.
+    fn forget(&mut self, key: &str) {
+        self.fresh.remove(key);
+        self.remove(key);
+    }
+
     fn remove(&mut self, key: &str) -> bool {
         self.entry_generation.remove(key);
         self.ahead.remove(key);
@@ -345,9 +356,7 @@ impl IntentLog {
 
     /// The entry under `key`, as held now.
     pub fn get(&self, key: &str) -> Option<Intent> {
-        let state = self.state();
-        let text = state.entries.get(key)?;
-        serde_json::from_str(text).ok()
+        self.state().intent(key)
     }
 
     /// Every entry held now (this process's, and those adopted from stopped replicas).
@@ -362,9 +371,7 @@ impl IntentLog {
 
     /// Forgets an entry; written with the next record, or on its own after [`IDLE_FLUSH`].
     pub fn done(&self, key: &str) {
-        let mut state = self.state();
-        state.fresh.remove(key);
-        state.remove(key);
+        self.state().forget(key);
     }
 
     /// Forgets the entry of a volume that is kept after all (recorded ahead of its turn). One
@@ -373,14 +380,10 @@ impl IntentLog {
     /// pv-protection finalizer, and the volume path keeps a terminating PV).
     pub fn forget_kept_volume(&self, key: &str) {
         let mut state = self.state();
-        let records_delete = state
-            .entries
-            .get(key)
-            .and_then(|text| serde_json::from_str::<Intent>(text).ok())
-            .is_some_and(|intent| matches!(intent, Intent::Volume(v) if v.deleted.is_some()));
+        let records_delete =
+            matches!(state.intent(key), Some(Intent::Volume(v)) if v.deleted.is_some());
         if !records_delete {
-            state.fresh.remove(key);
-            state.remove(key);
+            state.forget(key);
         }
     }
 
