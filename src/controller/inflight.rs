@@ -1,19 +1,20 @@
-//! Claims in flight per StorageClass, capped by the class's own annotation
-//! ([`super::plan::ANN_MAX_IN_FLIGHT`]), so one class's storm of claims cannot hold every worker
-//! and guest slot while the claims of other classes wait; and retries in flight, capped below
-//! the worker count, so that claims whose guest keeps failing never hold every worker.
+//! Turns: the claim attempts each StorageClass may have in flight, always fewer than the reconcile
+//! workers (and no more than the class's own annotation, [`super::plan::ANN_MAX_IN_FLIGHT`]);
+//! over that, a claim is parked in its class's queue and woken in arrival order.
 //!
-//! Why the retry cap: once every worker is busy, kube-runtime's runner moves each due object into
-//! a set it serves in hash order, not in time order (`Scheduler::hold`). Thousands of claims
-//! retrying faster than the workers can attempt them keep every worker busy for good, and a claim
-//! of another class whose place in that order is late waits for as long as the storm lasts
-//! (measured: > 60 s behind 5,000 with 2 s retries). With a worker always left over, and a retry
-//! that finds the cap reached parked (no guest call, no write, no requeue) until a retry in
-//! flight ends, the scheduler holds only new work and the retries in flight, and the leftover
-//! worker reaches the other claims at once.
+//! Why: once every worker is busy, kube-runtime's runner moves each due object into a set it
+//! serves in hash order, not in time order (`Scheduler::hold`). A burst of thousands of claims of
+//! one class (new ones, or retries of a guest that keeps failing) would keep every worker busy for
+//! as long as it lasts, and a claim of another class whose place in that order is late waited
+//! that long: its PV was created 64.3 s after it behind 5,000 first attempts, and > 60 s behind
+//! 5,000 retries. Parked, a claim costs nothing (no request, guest call or requeue) and leaves
+//! kube-runtime's queue, which then holds only new work and the woken; a worker is always left
+//! over for another class, and every class gets its own turns, so one class's burst never waits
+//! behind another's.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -22,136 +23,113 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::plan::class_limit;
 
-/// Guest calls running per class name.
-#[derive(Debug, Default)]
-pub struct InFlight(Mutex<HashMap<String, usize>>);
+type ClaimRef = ObjectRef<PersistentVolumeClaim>;
 
-/// One claim's place in its class's count, given back when dropped.
+/// Claim attempts in flight per class, and the claims parked for a turn.
 #[derive(Debug)]
-pub struct Slot<'a> {
-    counts: &'a InFlight,
-    class: Option<String>,
+pub struct Turns {
+    classes: Mutex<HashMap<String, ClassTurns>>,
+    /// One less than the workers (at least one): the most any class may hold.
+    ceiling: usize,
+    wake: UnboundedSender<ClaimRef>,
+    wakeups: Mutex<Option<UnboundedReceiver<ClaimRef>>>,
 }
 
-impl InFlight {
-    /// Whether `class` has as many claims in flight as its annotation allows.
-    pub fn at_limit(&self, class: &StorageClass) -> bool {
-        class_limit(class).is_some_and(|limit| self.running(class) >= limit)
-    }
-
-    /// Takes a place for one claim of `class`, unless it is at its limit. A class without a
-    /// limit always gets one (uncounted).
-    pub fn try_acquire(&self, class: &StorageClass) -> Option<Slot<'_>> {
-        let Some(limit) = class_limit(class) else {
-            return Some(Slot {
-                counts: self,
-                class: None,
-            });
-        };
-        let name = class.metadata.name.clone().unwrap_or_default();
-        let mut counts = self.0.lock().expect("lock");
-        let running = counts.entry(name.clone()).or_default();
-        if *running >= limit {
-            return None;
-        }
-        *running += 1;
-        Some(Slot {
-            counts: self,
-            class: Some(name),
-        })
-    }
-
-    /// Claims of `class` in flight.
-    pub fn running(&self, class: &StorageClass) -> usize {
-        let name = class.metadata.name.as_deref().unwrap_or_default();
-        self.0.lock().expect("lock").get(name).copied().unwrap_or(0)
-    }
-
-    /// Classes with claims in flight (entries are dropped at zero).
-    pub fn len(&self) -> usize {
-        self.0.lock().expect("lock").len()
-    }
-
-    /// Whether no class has a claim in flight.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        let Some(class) = &self.class else { return };
-        let mut counts = self.counts.0.lock().expect("lock");
-        if let Some(running) = counts.get_mut(class) {
-            *running -= 1;
-            if *running == 0 {
-                counts.remove(class);
-            }
-        }
-    }
-}
-
-/// Attempts of claims that wait for a retry (their last attempt failed), in flight at once; and
-/// the retries that found the limit reached, parked in arrival order until a place frees.
-///
-/// Parked, not requeued: a retry requeued on its backoff comes back due, and thousands of them
-/// keep kube-runtime's scheduler so full of due objects that its leftover worker never reaches
-/// another class's new claim when the process is short of CPU (measured: not reconciled within
-/// 60 s behind 5,000 with 2 s retries, with a build on both cores). Parked, a retry costs nothing
-/// until a place frees, and the scheduler holds only new work and the retries in flight.
-#[derive(Debug)]
-pub struct Retries {
-    state: Mutex<RetryState>,
-    limit: usize,
-    wake: UnboundedSender<ObjectRef<PersistentVolumeClaim>>,
-    wakeups: Mutex<Option<UnboundedReceiver<ObjectRef<PersistentVolumeClaim>>>>,
-}
-
+/// One class's attempts in flight and its queue.
 #[derive(Debug, Default)]
-struct RetryState {
+struct ClassTurns {
     running: usize,
-    parked: VecDeque<ObjectRef<PersistentVolumeClaim>>,
-    is_parked: HashSet<ObjectRef<PersistentVolumeClaim>>,
+    /// The class's limit as last seen (its annotation can change).
+    limit: usize,
+    /// Parked claims, longest parked first; `is_parked` says which entries still are (a claim
+    /// forgotten by a refresh leaves its entry behind).
+    parked: VecDeque<ClaimRef>,
+    is_parked: HashSet<ClaimRef>,
+    /// Claims woken for a freed turn and not back yet, with when: the turn is kept for them.
+    woken: HashMap<ClaimRef, Instant>,
 }
 
-/// One retry's place, given back when dropped (waking the longest parked retry).
-#[derive(Debug)]
-pub struct RetrySlot<'a>(&'a Retries);
+impl ClassTurns {
+    /// Turns neither taken nor kept for a woken claim.
+    fn free(&self) -> bool {
+        self.running + self.woken.len() < self.limit
+    }
+}
 
-impl Retries {
-    /// At most one less than `workers` retries at once (one with a single worker).
-    pub fn new(workers: u16) -> Retries {
+/// One attempt's turn, given back when dropped (waking the class's longest parked claim).
+#[derive(Debug)]
+pub struct Turn<'a> {
+    turns: &'a Turns,
+    class: String,
+}
+
+impl Turns {
+    /// Turns for a controller with `workers` reconcile workers.
+    pub fn new(workers: u16) -> Turns {
         let (wake, wakeups) = unbounded();
-        Retries {
-            state: Mutex::default(),
-            limit: usize::from(workers).saturating_sub(1).max(1),
+        Turns {
+            classes: Mutex::default(),
+            ceiling: usize::from(workers).saturating_sub(1).max(1),
             wake,
             wakeups: Mutex::new(Some(wakeups)),
         }
     }
 
-    /// Takes a place for `claim`'s retry; when the retries in flight are at the limit, parks
-    /// `claim` (once) to be woken through [`Retries::wakeups`] when a place frees.
-    pub fn acquire_or_park(
-        &self,
-        claim: ObjectRef<PersistentVolumeClaim>,
-    ) -> Option<RetrySlot<'_>> {
-        // One lock for the count and the queue: a place freed between a refusal and the parking
-        // would otherwise find nobody to wake.
-        let mut state = self.state.lock().expect("lock");
-        if state.running >= self.limit {
-            if state.is_parked.insert(claim.clone()) {
-                state.parked.push_back(claim);
-            }
-            return None;
-        }
-        state.running += 1;
-        Some(RetrySlot(self))
+    /// How many attempts of `class` may be in flight at once.
+    pub fn limit(&self, class: &StorageClass) -> usize {
+        class_limit(class).map_or(self.ceiling, |limit| limit.min(self.ceiling))
     }
 
-    /// The parked retries to reconcile, one each time a place frees; for the claim controller's
-    /// `reconcile_on`. Empty after the first call.
-    pub fn wakeups(&self) -> UnboundedReceiver<ObjectRef<PersistentVolumeClaim>> {
+    /// Takes a turn for `claim` of `class`, or parks it (once) to be woken through
+    /// [`Turns::wakeups`] when a turn is its.
+    ///
+    /// First come, first served: a claim that comes on its own (a retry come due, a change)
+    /// neither takes the turn kept for a woken claim nor passes the claims parked before it.
+    /// Otherwise retries coming due, each taking the turn freed a moment before, kept the claims
+    /// parked longest waiting for minutes.
+    pub fn acquire_or_park(&self, class: &StorageClass, claim: ClaimRef) -> Option<Turn<'_>> {
+        let name = class.metadata.name.clone().unwrap_or_default();
+        let limit = self.limit(class);
+        // One lock for the count and the queue: a turn freed between a refusal and the parking
+        // would otherwise find nobody to wake.
+        let mut classes = self.classes.lock().expect("lock");
+        let turns = classes.entry(name.clone()).or_default();
+        turns.limit = limit;
+        let was_woken = turns.woken.remove(&claim).is_some();
+        if turns.free() && (was_woken || turns.is_parked.is_empty()) {
+            turns.running += 1;
+            return Some(Turn {
+                turns: self,
+                class: name,
+            });
+        }
+        if turns.is_parked.insert(claim.clone()) {
+            if was_woken {
+                turns.parked.push_front(claim);
+            } else {
+                turns.parked.push_back(claim);
+            }
+        }
+        while turns.free() && self.wake_next(turns) {}
+        None
+    }
+
+    /// Lets go of whatever `claim` of `class` holds in the queue (its place, or the turn kept
+    /// for it): it needs no turn now (bound, deleted, not ours), and the next one gets it at once.
+    pub fn pass(&self, class: &str, claim: &ClaimRef) {
+        let mut classes = self.classes.lock().expect("lock");
+        let Some(turns) = classes.get_mut(class) else {
+            return;
+        };
+        let woken = turns.woken.remove(claim).is_some();
+        if woken || turns.is_parked.remove(claim) {
+            while turns.free() && self.wake_next(turns) {}
+        }
+    }
+
+    /// The parked claims to reconcile, one each time a turn is theirs; for the claim
+    /// controller's `reconcile_on`. Empty after the first call.
+    pub fn wakeups(&self) -> UnboundedReceiver<ClaimRef> {
         self.wakeups
             .lock()
             .expect("lock")
@@ -159,51 +137,70 @@ impl Retries {
             .unwrap_or_else(|| unbounded().1)
     }
 
-    /// Forgets parked claims that `exists` says are gone, and wakes parked claims for places
-    /// that are free. A woken claim may not take the place it was woken for (deleted, bound or
-    /// no longer failing meanwhile), and nothing else would wake the others until a retry in
-    /// flight ends; run periodically, this bounds such a stall.
-    pub fn refresh(&self, exists: impl Fn(&ObjectRef<PersistentVolumeClaim>) -> bool) {
-        let mut state = self.state.lock().expect("lock");
-        let RetryState {
-            running,
-            parked,
-            is_parked,
-        } = &mut *state;
-        parked.retain(|claim| exists(claim) || !is_parked.remove(claim));
-        for _ in 0..self.limit.saturating_sub(*running) {
-            let Some(claim) = parked.pop_front() else {
-                break;
-            };
-            is_parked.remove(&claim);
-            let _ = self.wake.unbounded_send(claim);
+    /// Forgets claims that `exists` says are gone, stops keeping turns for claims woken longer
+    /// than `kept` ago (deleted, bound, or not ours meanwhile, they never come back for it), and
+    /// wakes parked claims for the turns that frees. Run every few seconds, this bounds how long
+    /// a class's queue can stall.
+    pub fn refresh(&self, exists: impl Fn(&ClaimRef) -> bool, kept: Duration) {
+        let mut classes = self.classes.lock().expect("lock");
+        for turns in classes.values_mut() {
+            turns.is_parked.retain(|claim| exists(claim));
+            let ClassTurns {
+                parked, is_parked, ..
+            } = turns;
+            parked.retain(|claim| is_parked.contains(claim));
+            turns
+                .woken
+                .retain(|claim, at| exists(claim) && at.elapsed() < kept);
+            while turns.free() && self.wake_next(turns) {}
         }
+        classes.retain(|_, turns| {
+            turns.running > 0 || !turns.is_parked.is_empty() || !turns.woken.is_empty()
+        });
     }
 
-    /// Retries in flight.
-    pub fn running(&self) -> usize {
-        self.state.lock().expect("lock").running
+    /// Wakes the longest parked claim of a class, keeping a turn for it; false when none is
+    /// parked.
+    fn wake_next(&self, turns: &mut ClassTurns) -> bool {
+        while let Some(claim) = turns.parked.pop_front() {
+            if turns.is_parked.remove(&claim) {
+                turns.woken.insert(claim.clone(), Instant::now());
+                // The receiver is gone only at shutdown.
+                let _ = self.wake.unbounded_send(claim);
+                return true;
+            }
+        }
+        false
     }
 
-    /// Retries parked.
+    /// Attempts of `class` in flight.
+    pub fn running(&self, class: &str) -> usize {
+        let classes = self.classes.lock().expect("lock");
+        classes.get(class).map_or(0, |turns| turns.running)
+    }
+
+    /// Claims parked, over every class.
     pub fn parked(&self) -> usize {
-        self.state.lock().expect("lock").parked.len()
+        let classes = self.classes.lock().expect("lock");
+        classes.values().map(|turns| turns.is_parked.len()).sum()
     }
 
-    /// How many retries may be in flight at once.
-    pub fn limit(&self) -> usize {
-        self.limit
+    /// Classes with attempts in flight or claims parked or woken.
+    pub fn classes(&self) -> usize {
+        self.classes.lock().expect("lock").len()
     }
 }
 
-impl Drop for RetrySlot<'_> {
+impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        let mut state = self.0.state.lock().expect("lock");
-        state.running -= 1;
-        if let Some(claim) = state.parked.pop_front() {
-            state.is_parked.remove(&claim);
-            // The receiver is gone only at shutdown.
-            let _ = self.0.wake.unbounded_send(claim);
+        let mut classes = self.turns.classes.lock().expect("lock");
+        let Some(turns) = classes.get_mut(&self.class) else {
+            return;
+        };
+        turns.running -= 1;
+        while turns.free() && self.turns.wake_next(turns) {}
+        if turns.running == 0 && turns.is_parked.is_empty() && turns.woken.is_empty() {
+            classes.remove(&self.class);
         }
     }
 }
@@ -225,83 +222,177 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_class_limit_caps_its_own_claims_only() {
-        let counts = InFlight::default();
-        let storm = class("storm", Some("2"));
-        let quiet = class("quiet", None);
-        let a = counts.try_acquire(&storm).expect("first");
-        let b = counts.try_acquire(&storm).expect("second");
-        assert!(counts.at_limit(&storm));
-        assert!(
-            counts.try_acquire(&storm).is_none(),
-            "third of a limit of 2"
-        );
-        let unlimited: Vec<_> = (0..10).map(|_| counts.try_acquire(&quiet)).collect();
-        assert!(
-            unlimited.iter().all(Option::is_some),
-            "other classes are not held up"
-        );
-        drop(a);
-        assert!(!counts.at_limit(&storm));
-        let c = counts.try_acquire(&storm).expect("a freed place");
-        drop((b, c));
-        assert!(counts.is_empty(), "counts are dropped at zero");
+    fn claim(name: &str) -> ClaimRef {
+        ObjectRef::new(name).within("ns")
     }
 
     #[test]
-    fn retries_leave_a_worker_over_and_park_in_order() {
+    fn each_class_leaves_a_worker_over_and_parks_in_order() {
         use futures::StreamExt;
-        let claim = |name: &str| ObjectRef::<PersistentVolumeClaim>::new(name).within("ns");
-        let retries = Retries::new(4);
-        let mut wakeups = retries.wakeups();
+        let turns = Turns::new(4);
+        let mut wakeups = turns.wakeups();
+        let crowd = class("crowd", None);
         let mut held: Vec<_> = (0..3)
             .map(|n| {
-                retries
-                    .acquire_or_park(claim(&format!("held-{n}")))
-                    .expect("place")
+                turns
+                    .acquire_or_park(&crowd, claim(&format!("held-{n}")))
+                    .expect("turn")
             })
             .collect();
         assert!(
-            retries.acquire_or_park(claim("a")).is_none(),
+            turns.acquire_or_park(&crowd, claim("a")).is_none(),
             "the fourth worker stays free"
         );
-        assert!(retries.acquire_or_park(claim("b")).is_none());
-        assert!(retries.acquire_or_park(claim("a")).is_none(), "parked once");
-        assert!(retries.acquire_or_park(claim("gone")).is_none());
-        assert_eq!((retries.running(), retries.parked()), (3, 3));
-        retries.refresh(|c| c.name != "gone");
-        assert_eq!(retries.parked(), 2, "no place free: nobody woken");
-        held.pop();
-        held.pop();
-        held.pop();
-        assert_eq!(retries.running(), 0);
+        assert!(turns.acquire_or_park(&crowd, claim("b")).is_none());
+        assert!(
+            turns.acquire_or_park(&crowd, claim("a")).is_none(),
+            "parked once"
+        );
+        assert!(turns.acquire_or_park(&crowd, claim("gone")).is_none());
+        assert_eq!((turns.running("crowd"), turns.parked()), (3, 3));
+        let other = turns
+            .acquire_or_park(&class("other", None), claim("other"))
+            .expect("another class has turns of its own");
+        drop(other);
+        turns.refresh(|c| c.name != "gone", Duration::ZERO);
+        assert_eq!(turns.parked(), 2, "no turn free: nobody woken");
+        held.clear();
+        assert_eq!(turns.running("crowd"), 0);
         let woken: Vec<_> = futures::executor::block_on(wakeups.by_ref().take(2).collect());
         assert_eq!(woken, [claim("a"), claim("b")], "longest parked first");
-        assert_eq!(retries.parked(), 0);
+        assert_eq!(turns.parked(), 0);
         assert!(
             wakeups.try_recv().is_err(),
-            "the third free place found nobody parked"
+            "the third free turn found nobody parked"
         );
-        assert_eq!(Retries::new(1).limit(), 1, "a single worker still retries");
-        assert_eq!(Retries::new(0).limit(), 1);
+        assert_eq!(
+            Turns::new(1).limit(&crowd),
+            1,
+            "a single worker still works"
+        );
+        assert_eq!(Turns::new(0).limit(&crowd), 1);
     }
 
     #[test]
-    fn a_refresh_wakes_parked_claims_for_places_nobody_took() {
-        let claim = |name: &str| ObjectRef::<PersistentVolumeClaim>::new(name).within("ns");
-        let retries = Retries::new(2);
-        let mut wakeups = retries.wakeups();
-        let held = retries.acquire_or_park(claim("held")).expect("place");
+    fn a_class_annotation_caps_its_own_claims_below_the_workers() {
+        let turns = Turns::new(16);
+        assert_eq!(turns.limit(&class("quiet", None)), 15);
+        assert_eq!(turns.limit(&class("huge", Some("100"))), 15);
+        assert_eq!(turns.limit(&class("junk", Some("x"))), 15);
+        let storm = class("storm", Some("2"));
+        let a = turns.acquire_or_park(&storm, claim("a")).expect("first");
+        let b = turns.acquire_or_park(&storm, claim("b")).expect("second");
+        assert!(
+            turns.acquire_or_park(&storm, claim("c")).is_none(),
+            "third of 2"
+        );
+        let quiet: Vec<_> = (0..10)
+            .map(|n| turns.acquire_or_park(&class("quiet", None), claim(&format!("q{n}"))))
+            .collect();
+        assert!(
+            quiet.iter().all(Option::is_some),
+            "other classes are not held up"
+        );
+        drop(quiet);
+        drop((a, b));
+        let c = turns
+            .acquire_or_park(&storm, claim("c"))
+            .expect("woken, its turn");
+        drop(c);
+        assert_eq!(
+            turns.classes(),
+            0,
+            "a class with nothing in flight is forgotten"
+        );
+    }
+
+    #[test]
+    fn a_freed_turn_is_kept_for_the_claim_woken_for_it() {
+        let turns = Turns::new(2);
+        let mut wakeups = turns.wakeups();
+        let crowd = class("crowd", None);
+        let held = turns.acquire_or_park(&crowd, claim("held")).expect("turn");
         for name in ["a", "b"] {
-            assert!(retries.acquire_or_park(claim(name)).is_none());
+            assert!(turns.acquire_or_park(&crowd, claim(name)).is_none());
         }
         drop(held);
         assert_eq!(wakeups.try_recv().ok(), Some(claim("a")));
-        // `a` was deleted meanwhile and never takes its place: `b` waits though a place is free.
-        assert_eq!((retries.running(), retries.parked()), (0, 1));
-        retries.refresh(|_| true);
+        // A retry come due before `a` is back neither takes its turn nor passes `b`.
+        assert!(turns.acquire_or_park(&crowd, claim("retry")).is_none());
+        let a = turns.acquire_or_park(&crowd, claim("a")).expect("a's turn");
+        drop(a);
         assert_eq!(wakeups.try_recv().ok(), Some(claim("b")));
-        assert_eq!(retries.parked(), 0);
+        let b = turns.acquire_or_park(&crowd, claim("b")).expect("b's turn");
+        drop(b);
+        assert_eq!(
+            wakeups.try_recv().ok(),
+            Some(claim("retry")),
+            "then the retry"
+        );
+    }
+
+    #[test]
+    fn a_woken_claim_that_finds_no_turn_keeps_its_place() {
+        let turns = Turns::new(4);
+        let mut wakeups = turns.wakeups();
+        let storm = class("storm", Some("2"));
+        let first = turns.acquire_or_park(&storm, claim("first")).expect("turn");
+        let second = turns
+            .acquire_or_park(&storm, claim("second"))
+            .expect("turn");
+        for name in ["a", "b"] {
+            assert!(turns.acquire_or_park(&storm, claim(name)).is_none());
+        }
+        drop(first);
+        assert_eq!(wakeups.try_recv().ok(), Some(claim("a")));
+        // The class's limit was lowered before `a` came back: no turn, but `a` stays ahead of b.
+        let lowered = class("storm", Some("1"));
+        assert!(turns.acquire_or_park(&lowered, claim("a")).is_none());
+        drop(second);
+        assert_eq!(wakeups.try_recv().ok(), Some(claim("a")), "a first");
+    }
+
+    #[test]
+    fn a_claim_that_needs_no_turn_passes_it_on_at_once() {
+        let turns = Turns::new(2);
+        let mut wakeups = turns.wakeups();
+        let crowd = class("crowd", None);
+        let held = turns.acquire_or_park(&crowd, claim("held")).expect("turn");
+        for name in ["a", "b", "c"] {
+            assert!(turns.acquire_or_park(&crowd, claim(name)).is_none());
+        }
+        // `b` was bound by another replica while parked: it leaves the queue.
+        turns.pass("crowd", &claim("b"));
+        drop(held);
+        assert_eq!(wakeups.try_recv().ok(), Some(claim("a")));
+        // `a` came back to find its PV made: its kept turn goes to `c`, not after a refresh.
+        turns.pass("crowd", &claim("a"));
+        assert_eq!(wakeups.try_recv().ok(), Some(claim("c")));
+        assert!(wakeups.try_recv().is_err());
+        turns.pass("nobody", &claim("x"));
+    }
+
+    #[test]
+    fn a_refresh_wakes_parked_claims_for_turns_nobody_came_back_for() {
+        let turns = Turns::new(2);
+        let mut wakeups = turns.wakeups();
+        let crowd = class("crowd", None);
+        let held = turns.acquire_or_park(&crowd, claim("held")).expect("turn");
+        for name in ["a", "b"] {
+            assert!(turns.acquire_or_park(&crowd, claim(name)).is_none());
+        }
+        drop(held);
+        assert_eq!(wakeups.try_recv().ok(), Some(claim("a")));
+        turns.refresh(|_| true, Duration::from_secs(60));
+        assert!(wakeups.try_recv().is_err(), "a's turn is still kept for it");
+        // `a` was deleted meanwhile and never comes back: `b` waits though no turn is taken.
+        assert_eq!((turns.running("crowd"), turns.parked()), (0, 1));
+        turns.refresh(|c| c.name != "a", Duration::from_secs(60));
+        assert_eq!(wakeups.try_recv().ok(), Some(claim("b")));
+        assert_eq!(turns.parked(), 0);
+        // Nor did `b` come back: once its turn has been kept long enough the class is forgotten.
+        turns.refresh(|_| true, Duration::ZERO);
+        assert!(wakeups.try_recv().is_err());
+        assert_eq!(turns.classes(), 0);
     }
 }

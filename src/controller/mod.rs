@@ -37,7 +37,7 @@ use crate::wasm::Plugins;
 use bookkeeping::Book;
 use cache::CachedVolume;
 use handle::RecentWrites;
-use inflight::{InFlight, Retries};
+use inflight::Turns;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use ratelimit::RateLimiter;
 
@@ -166,10 +166,8 @@ pub struct Context {
     pub intents: Option<Arc<storage::intent::IntentLog>>,
     /// Our own writes the caches may not show yet (PVs created, claim finalizers set).
     pub recent: RecentWrites,
-    /// Claims in flight per class (the class annotation's limit).
-    pub in_flight: InFlight,
-    /// Claim retries in flight (capped below the worker count: see [`inflight`]).
-    pub retries: Retries,
+    /// Claim attempts in flight per class, capped below the worker count (see [`inflight`]).
+    pub turns: Turns,
     /// Who may write: the write gate every guest call and API write passes.
     pub election: Arc<gate::Election>,
     /// Prometheus series and readiness.
@@ -218,7 +216,7 @@ impl Context {
                 api_rate.clone(),
             ))
         });
-        let retries = Retries::new(settings.worker_threads);
+        let turns = Turns::new(settings.worker_threads);
         Context {
             election: Arc::new(gate::Election::new(&client, &settings.election)),
             client,
@@ -233,8 +231,7 @@ impl Context {
             volume_book: Book::new(Queue::Volumes),
             settings,
             recent: RecentWrites::default(),
-            in_flight: InFlight::default(),
-            retries,
+            turns,
             metrics,
             node,
         }
@@ -288,8 +285,6 @@ impl Context {
             .filter_map(|v| v.meta().name.clone())
             .collect();
         self.claim_book.retain(|uid| claims.contains(uid));
-        self.retries
-            .refresh(|claim| self.claims.get(claim).is_some());
         self.volume_book.retain(|name| volumes.contains(name));
         self.metrics
             .retain_retries(Queue::Claims, |uid| claims.contains(uid));

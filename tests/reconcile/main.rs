@@ -68,6 +68,9 @@ fn settings() -> Settings {
     let mut settings = Settings {
         failed_provision_threshold: 3,
         create_pv_retry_count: 1,
+        // These tests reconcile claims themselves, many at once, with no controller to wake a
+        // parked one: a class gets 15 turns.
+        worker_threads: 16,
         ..Settings::default()
     };
     settings.election.mode = Mode::Off;
@@ -477,6 +480,8 @@ async fn a_busy_guest_is_looked_at_again_shortly_without_a_failure() {
 
 #[tokio::test]
 async fn a_class_limit_holds_its_own_claims_and_not_the_others() {
+    use futures::StreamExt;
+    use kube::runtime::reflector::ObjectRef;
     let mut world = World::new(settings(), "");
     world.class(
         "storm",
@@ -487,13 +492,19 @@ async fn a_class_limit_holds_its_own_claims_and_not_the_others() {
     let first = world.claim(claim_of("s1", "storm", P));
     let second = world.claim(claim_of("s2", "storm", P));
     let other = world.claim(claim_of("q1", "quiet", P));
+    let mut wakeups = world.ctx.turns.wakeups();
     let running = tokio::spawn({
         let ctx = world.ctx.clone();
         async move { claims::reconcile(first, ctx).await }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
     let action = world.provision(&second).await.expect("busy class");
-    assert!(requeue_after(&action).is_some_and(|w| w <= Duration::from_millis(250)));
+    assert_eq!(
+        requeue_after(&action),
+        None,
+        "parked, not requeued: {action:?}"
+    );
+    assert_eq!(world.ctx.turns.parked(), 1);
     assert!(world.api.get(&pv_path("pvc-u-s2")).is_none());
     world
         .provision(&other)
@@ -501,6 +512,10 @@ async fn a_class_limit_holds_its_own_claims_and_not_the_others() {
         .expect("other class goes ahead");
     assert!(world.api.get(&pv_path("pvc-u-q1")).is_some());
     running.await.unwrap().expect("first of the storm");
+    let woken = tokio::time::timeout(Duration::from_secs(5), wakeups.next())
+        .await
+        .expect("woken when the first one's turn ends");
+    assert_eq!(woken, Some(ObjectRef::from_obj(&*second)));
     world.provision(&second).await.expect("now its turn");
     assert!(world.api.get(&pv_path("pvc-u-s2")).is_some());
 }
@@ -932,43 +947,69 @@ async fn a_guest_that_keeps_answering_transient_is_retried_ever_later_without_co
 }
 
 #[tokio::test]
-async fn a_retry_at_the_cap_is_parked_without_a_call_and_woken_when_a_place_frees() {
+async fn a_claim_whose_class_has_no_turn_free_is_parked_without_a_call_and_woken_when_one_frees() {
     use futures::StreamExt;
     use kube::runtime::reflector::ObjectRef;
     let (mut world, _log) = World::logged();
     world.class("stuck", json!({"fail": "transient"}), json!({}));
-    let pvc = world.claim(claim_of("data", "stuck", P));
-    let error = world.provision(&pvc).await.expect_err("transient");
-    claims::error_policy(pvc.clone(), &error, world.ctx.clone());
-    let mut wakeups = world.ctx.retries.wakeups();
-    let other = |n: usize| ObjectRef::new(&format!("other-{n}")).within("ns");
-    let held: Vec<_> = (0..world.ctx.retries.limit())
-        .map(|n| world.ctx.retries.acquire_or_park(other(n)).expect("place"))
+    let retry = world.claim(claim_of("retry", "stuck", P));
+    let first = world.claim(claim_of("first", "stuck", P));
+    let other = world.claim(claim_of("other", "fast", P));
+    let error = world.provision(&retry).await.expect_err("transient");
+    claims::error_policy(retry.clone(), &error, world.ctx.clone());
+    let mut wakeups = world.ctx.turns.wakeups();
+    let stuck = world.ctx.class("stuck").expect("class");
+    let holder = |n: usize| ObjectRef::new(&format!("holder-{n}")).within("ns");
+    let held: Vec<_> = (0..world.ctx.turns.limit(&stuck))
+        .map(|n| {
+            world
+                .ctx
+                .turns
+                .acquire_or_park(&stuck, holder(n))
+                .expect("turn")
+        })
         .collect();
     let (calls, requests) = (world.guest_calls(), world.api.requests().len());
-    let action = world.provision(&pvc).await.expect("parked");
-    assert_eq!(
-        requeue_after(&action),
-        None,
-        "parked, not requeued: {action:?}"
-    );
+    for pvc in [&retry, &first] {
+        let action = world.provision(pvc).await.expect("parked");
+        assert_eq!(
+            requeue_after(&action),
+            None,
+            "parked, not requeued: {action:?}"
+        );
+    }
     assert_eq!(world.guest_calls(), calls, "no guest call");
     assert_eq!(world.api.requests().len(), requests, "no request");
-    assert_eq!(world.ctx.retries.parked(), 1);
+    assert_eq!(
+        world.ctx.turns.parked(),
+        2,
+        "a retry and a first attempt alike"
+    );
     assert_eq!(
         world.ctx.metrics.retries_waiting(Queue::Claims),
         1,
-        "a parked retry still counts as waiting"
+        "a parked retry still counts as waiting; a first attempt never did"
     );
-    drop(held);
-    let woken = tokio::time::timeout(Duration::from_secs(5), wakeups.next())
-        .await
-        .expect("woken");
-    assert_eq!(woken, Some(ObjectRef::from_obj(&*pvc)));
     world
-        .provision(&pvc)
+        .provision(&other)
         .await
-        .expect_err("its turn: the guest called again");
+        .expect("another class has turns of its own");
+    assert!(world.api.get(&pv_path("pvc-u-other")).is_some());
+    drop(held);
+    let woken: Vec<_> =
+        tokio::time::timeout(Duration::from_secs(5), wakeups.by_ref().take(2).collect())
+            .await
+            .expect("woken");
+    assert_eq!(
+        woken,
+        [ObjectRef::from_obj(&*retry), ObjectRef::from_obj(&*first)],
+        "in the order they were parked"
+    );
+    let calls = world.guest_calls();
+    world
+        .provision(&first)
+        .await
+        .expect_err("its turn: the guest called");
     assert_ne!(world.guest_calls(), calls);
 }
 

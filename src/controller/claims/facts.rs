@@ -105,8 +105,4 @@ impl ClaimFacts for Facts<'_> {
             .for_provisioner(provisioner)
             .is_some_and(|g| g.at_capacity())
     }
-
-    fn class_busy(&self, class: &StorageClass) -> bool {
-        self.handle.ctx().in_flight.at_limit(class)
-    }
 }

@@ -174,7 +174,14 @@ async fn provision(handle: &Handle<'_>, pvc: &PersistentVolumeClaim) -> Result<D
     let ctx = handle.ctx();
     let plugins = ctx.plugins();
     let facts = Facts::of(handle, pvc, &plugins);
-    match plan::plan_claim(pvc, &facts) {
+    let plan = plan::plan_claim(pvc, &facts);
+    if !matches!(plan, ClaimPlan::Provision { .. } | ClaimPlan::Busy(_)) {
+        // Whatever it waited for in its class's queue goes to the next claim now.
+        let parked = ObjectRef::from_obj(pvc);
+        ctx.turns
+            .pass(decide::claim_class(pvc).unwrap_or_default(), &parked);
+    }
+    match plan {
         ClaimPlan::Skip(reason) => {
             tracing::trace!(reason, "not provisioning");
             Ok(Done::Nothing)
@@ -251,23 +258,19 @@ async fn call_guest(
     tracing::Span::current().record("guest", guest.name());
     let pv_name = decide::pv_name(pvc).ok_or(ClaimError::NoUid)?;
     let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
-    // A retry never takes the last worker (see `inflight`): when the retries in flight are at
-    // their limit it is parked, before any request or guest call, until one of them ends.
-    let _retry = if ctx.claim_book.is_retrying(uid) {
-        // Name and namespace only: the queue may hold thousands.
-        let parked = ObjectRef::new(&pvc.name_any()).within(&pvc.namespace().unwrap_or_default());
-        let Some(slot) = ctx.retries.acquire_or_park(parked) else {
-            tracing::trace!("retries at their limit; parked");
+    // No class takes every worker (see `inflight`): when the class's turns are all taken the
+    // claim is parked, before any request or guest call, until one of them ends.
+    // Name and namespace only: the queue may hold thousands.
+    let parked = ObjectRef::new(&pvc.name_any()).within(&pvc.namespace().unwrap_or_default());
+    let Some(_turn) = ctx.turns.acquire_or_park(class, parked) else {
+        tracing::trace!("the class's turns are all taken; parked");
+        if ctx.claim_book.is_retrying(uid) {
             // Still a retry waiting, for the queue-depth gauge.
             ctx.metrics
                 .retry_scheduled(crate::metrics::Queue::Claims, uid);
-            return Ok(Done::Nothing);
-        };
-        Some(slot)
-    } else {
-        None
+        }
+        return Ok(Done::Nothing);
     };
-    let class_name = class.name_any();
     if handle.gate().await? {
         // Just took this claim's lease: another replica may have created its PV a moment ago.
         if handle.get_pv(&pv_name).await?.is_some() {
@@ -275,9 +278,6 @@ async fn call_guest(
             return Ok(Done::Nothing);
         }
     }
-    let Some(_slot) = ctx.in_flight.try_acquire(class) else {
-        return Ok(Done::RetryIn(busy_wait()));
-    };
     let request = match handle
         .guest(storage::qualify(guest, pvc, class, &pv_name))
         .await?
@@ -355,6 +355,7 @@ async fn call_guest(
         ),
     );
 
+    let class_name = class.name_any();
     let identity = PvIdentity {
         name: &pv_name,
         claim: &pvc,

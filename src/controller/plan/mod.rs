@@ -42,8 +42,6 @@ pub trait ClaimFacts {
     fn deleted_owner(&self) -> DeletedOwner;
     /// Whether the guest serving `provisioner` is at its max-concurrency.
     fn guest_busy(&self, provisioner: &str) -> bool;
-    /// Whether `class` is at its limit of claims in flight.
-    fn class_busy(&self, class: &StorageClass) -> bool;
 }
 
 /// What to do with a claim.
@@ -128,9 +126,6 @@ pub fn plan_claim<'a>(pvc: &'a PersistentVolumeClaim, facts: &impl ClaimFacts) -
     if facts.guest_busy(provisioner) {
         return ClaimPlan::Busy("guest at its max-concurrency");
     }
-    if facts.class_busy(class) {
-        return ClaimPlan::Busy("class at its limit of claims in flight");
-    }
     ClaimPlan::Provision {
         provisioner,
         class: class_name,
@@ -206,7 +201,6 @@ mod tests {
         owner: Option<ClaimOwner>,
         deleted_owner: DeletedOwner,
         guest_busy: bool,
-        class_busy: bool,
     }
 
     impl Default for Facts {
@@ -227,7 +221,6 @@ mod tests {
                 owner: None,
                 deleted_owner: DeletedOwner::Me,
                 guest_busy: false,
-                class_busy: false,
             }
         }
     }
@@ -258,9 +251,6 @@ mod tests {
         }
         fn guest_busy(&self, _: &str) -> bool {
             self.guest_busy
-        }
-        fn class_busy(&self, _: &StorageClass) -> bool {
-            self.class_busy
         }
     }
 
@@ -314,15 +304,6 @@ mod tests {
                     ..base.clone()
                 },
                 ClaimPlan::Busy("guest at its max-concurrency"),
-            ),
-            (
-                "class busy",
-                false,
-                Facts {
-                    class_busy: true,
-                    ..base.clone()
-                },
-                ClaimPlan::Busy("class at its limit of claims in flight"),
             ),
             (
                 "pv exists, finalizer held",

@@ -204,6 +204,7 @@ async fn start_background(
         "the StorageClass watch"
     });
     tasks.spawn(tasks::forget_gone_objects(ctx.clone()));
+    tasks.spawn(tasks::wake_parked_claims(ctx.clone()));
     if let Some(log) = &ctx.intents {
         // Fail at start, not by provisioning nothing: the namespace must exist and the RBAC
         // allow the log to be written.
@@ -316,7 +317,7 @@ fn run_controllers(
             watches::reload_ticks(ticks.reloaded.clone()),
         ))
         .reconcile_all_on(gained())
-        .reconcile_on(ctx.retries.wakeups())
+        .reconcile_on(ctx.turns.wakeups())
         .graceful_shutdown_on(stopping.clone().requested())
         .run(claims::reconcile, claims::error_policy, ctx.clone())
         .for_each(|result| async move {

@@ -1,5 +1,5 @@
 //! The long-lived tasks beside the controllers: intent-log recovery, forgetting gone objects,
-//! the leadership metric, and the leader campaign.
+//! waking parked claims whose turn nobody took, the leadership metric, and the leader campaign.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +46,18 @@ pub(super) async fn forget_gone_objects(ctx: Arc<Context>) -> &'static str {
         ctx.forget_gone();
         // Off the runtime's threads: it takes each arena's lock while it walks it.
         tokio::task::spawn_blocking(crate::malloc::give_back);
+    }
+}
+
+/// How often turns nobody came back for are handed to the next parked claims (see
+/// [`crate::controller::inflight`]): the longest a class's queue can stall.
+const TURNS_PERIOD: Duration = Duration::from_secs(2);
+
+pub(super) async fn wake_parked_claims(ctx: Arc<Context>) -> &'static str {
+    loop {
+        tokio::time::sleep(TURNS_PERIOD).await;
+        ctx.turns
+            .refresh(|claim| ctx.claims.get(claim).is_some(), TURNS_PERIOD);
     }
 }
 
