@@ -1,6 +1,7 @@
 //! Turns: the claim attempts each StorageClass may have in flight, always fewer than the reconcile
-//! workers (and no more than the class's own annotation, [`super::plan::ANN_MAX_IN_FLIGHT`]);
-//! over that, a claim is parked in its class's queue and woken in arrival order.
+//! workers and than its guest's slots (and no more than the class's own annotation,
+//! [`super::plan::ANN_MAX_IN_FLIGHT`]); over that, a claim is parked in its class's queue and
+//! woken in arrival order.
 //!
 //! Why: once every worker is busy, kube-runtime's runner moves each due object into a set it
 //! serves in hash order, not in time order (`Scheduler::hold`). A burst of thousands of claims of
@@ -8,9 +9,11 @@
 //! as long as it lasts, and a claim of another class whose place in that order is late waited
 //! that long: its PV was created 64.3 s after it behind 5,000 first attempts, and > 60 s behind
 //! 5,000 retries. Parked, a claim costs nothing (no request, guest call or requeue) and leaves
-//! kube-runtime's queue, which then holds only new work and the woken; a worker is always left
-//! over for another class, and every class gets its own turns, so one class's burst never waits
-//! behind another's.
+//! kube-runtime's queue, which then holds only new work and the woken; a worker and a guest slot
+//! are always left over for another class, and every class gets its own turns, so one class's
+//! burst never waits behind another's. (Were a class's turns more than its guest's slots, the
+//! claims over them would find the guest busy before their turn, and go back to kube-runtime's
+//! queue on a timer instead of parking.)
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
@@ -75,9 +78,12 @@ impl Turns {
         }
     }
 
-    /// How many attempts of `class` may be in flight at once.
-    pub fn limit(&self, class: &StorageClass) -> usize {
-        class_limit(class).map_or(self.ceiling, |limit| limit.min(self.ceiling))
+    /// How many attempts of `class` may be in flight at once, its guest having `guest_slots`
+    /// calls at once: one less than the workers and one less than the guest's slots (each at
+    /// least one), and no more than the class's annotation.
+    pub fn limit(&self, class: &StorageClass, guest_slots: usize) -> usize {
+        let limit = self.ceiling.min(guest_slots.saturating_sub(1).max(1));
+        class_limit(class).map_or(limit, |annotated| annotated.min(limit))
     }
 
     /// Takes a turn for `claim` of `class`, or parks it (once) to be woken through
@@ -87,9 +93,14 @@ impl Turns {
     /// neither takes the turn kept for a woken claim nor passes the claims parked before it.
     /// Otherwise retries coming due, each taking the turn freed a moment before, kept the claims
     /// parked longest waiting for minutes.
-    pub fn acquire_or_park(&self, class: &StorageClass, claim: ClaimRef) -> Option<Turn<'_>> {
+    pub fn acquire_or_park(
+        &self,
+        class: &StorageClass,
+        guest_slots: usize,
+        claim: ClaimRef,
+    ) -> Option<Turn<'_>> {
         let name = class.metadata.name.clone().unwrap_or_default();
-        let limit = self.limit(class);
+        let limit = self.limit(class, guest_slots);
         // One lock for the count and the queue: a turn freed between a refusal and the parking
         // would otherwise find nobody to wake.
         let mut classes = self.classes.lock().expect("lock");
@@ -222,6 +233,9 @@ mod tests {
         }
     }
 
+    /// A guest with slots to spare: the workers decide.
+    const SLOTS: usize = 64;
+
     fn claim(name: &str) -> ClaimRef {
         ObjectRef::new(name).within("ns")
     }
@@ -235,23 +249,27 @@ mod tests {
         let mut held: Vec<_> = (0..3)
             .map(|n| {
                 turns
-                    .acquire_or_park(&crowd, claim(&format!("held-{n}")))
+                    .acquire_or_park(&crowd, SLOTS, claim(&format!("held-{n}")))
                     .expect("turn")
             })
             .collect();
         assert!(
-            turns.acquire_or_park(&crowd, claim("a")).is_none(),
+            turns.acquire_or_park(&crowd, SLOTS, claim("a")).is_none(),
             "the fourth worker stays free"
         );
-        assert!(turns.acquire_or_park(&crowd, claim("b")).is_none());
+        assert!(turns.acquire_or_park(&crowd, SLOTS, claim("b")).is_none());
         assert!(
-            turns.acquire_or_park(&crowd, claim("a")).is_none(),
+            turns.acquire_or_park(&crowd, SLOTS, claim("a")).is_none(),
             "parked once"
         );
-        assert!(turns.acquire_or_park(&crowd, claim("gone")).is_none());
+        assert!(
+            turns
+                .acquire_or_park(&crowd, SLOTS, claim("gone"))
+                .is_none()
+        );
         assert_eq!((turns.running("crowd"), turns.parked()), (3, 3));
         let other = turns
-            .acquire_or_park(&class("other", None), claim("other"))
+            .acquire_or_park(&class("other", None), SLOTS, claim("other"))
             .expect("another class has turns of its own");
         drop(other);
         turns.refresh(|c| c.name != "gone", Duration::ZERO);
@@ -266,28 +284,38 @@ mod tests {
             "the third free turn found nobody parked"
         );
         assert_eq!(
-            Turns::new(1).limit(&crowd),
+            Turns::new(1).limit(&crowd, SLOTS),
             1,
             "a single worker still works"
         );
-        assert_eq!(Turns::new(0).limit(&crowd), 1);
+        assert_eq!(Turns::new(0).limit(&crowd, SLOTS), 1);
     }
 
     #[test]
     fn a_class_annotation_caps_its_own_claims_below_the_workers() {
         let turns = Turns::new(16);
-        assert_eq!(turns.limit(&class("quiet", None)), 15);
-        assert_eq!(turns.limit(&class("huge", Some("100"))), 15);
-        assert_eq!(turns.limit(&class("junk", Some("x"))), 15);
+        assert_eq!(turns.limit(&class("quiet", None), SLOTS), 15);
+        assert_eq!(turns.limit(&class("huge", Some("100")), SLOTS), 15);
+        assert_eq!(turns.limit(&class("junk", Some("x")), SLOTS), 15);
+        assert_eq!(
+            turns.limit(&class("quiet", None), 4),
+            3,
+            "never its guest's last slot"
+        );
+        assert_eq!(turns.limit(&class("quiet", None), 1), 1);
         let storm = class("storm", Some("2"));
-        let a = turns.acquire_or_park(&storm, claim("a")).expect("first");
-        let b = turns.acquire_or_park(&storm, claim("b")).expect("second");
+        let a = turns
+            .acquire_or_park(&storm, SLOTS, claim("a"))
+            .expect("first");
+        let b = turns
+            .acquire_or_park(&storm, SLOTS, claim("b"))
+            .expect("second");
         assert!(
-            turns.acquire_or_park(&storm, claim("c")).is_none(),
+            turns.acquire_or_park(&storm, SLOTS, claim("c")).is_none(),
             "third of 2"
         );
         let quiet: Vec<_> = (0..10)
-            .map(|n| turns.acquire_or_park(&class("quiet", None), claim(&format!("q{n}"))))
+            .map(|n| turns.acquire_or_park(&class("quiet", None), SLOTS, claim(&format!("q{n}"))))
             .collect();
         assert!(
             quiet.iter().all(Option::is_some),
@@ -296,7 +324,7 @@ mod tests {
         drop(quiet);
         drop((a, b));
         let c = turns
-            .acquire_or_park(&storm, claim("c"))
+            .acquire_or_park(&storm, SLOTS, claim("c"))
             .expect("woken, its turn");
         drop(c);
         assert_eq!(
@@ -311,18 +339,28 @@ mod tests {
         let turns = Turns::new(2);
         let mut wakeups = turns.wakeups();
         let crowd = class("crowd", None);
-        let held = turns.acquire_or_park(&crowd, claim("held")).expect("turn");
+        let held = turns
+            .acquire_or_park(&crowd, SLOTS, claim("held"))
+            .expect("turn");
         for name in ["a", "b"] {
-            assert!(turns.acquire_or_park(&crowd, claim(name)).is_none());
+            assert!(turns.acquire_or_park(&crowd, SLOTS, claim(name)).is_none());
         }
         drop(held);
         assert_eq!(wakeups.try_recv().ok(), Some(claim("a")));
         // A retry come due before `a` is back neither takes its turn nor passes `b`.
-        assert!(turns.acquire_or_park(&crowd, claim("retry")).is_none());
-        let a = turns.acquire_or_park(&crowd, claim("a")).expect("a's turn");
+        assert!(
+            turns
+                .acquire_or_park(&crowd, SLOTS, claim("retry"))
+                .is_none()
+        );
+        let a = turns
+            .acquire_or_park(&crowd, SLOTS, claim("a"))
+            .expect("a's turn");
         drop(a);
         assert_eq!(wakeups.try_recv().ok(), Some(claim("b")));
-        let b = turns.acquire_or_park(&crowd, claim("b")).expect("b's turn");
+        let b = turns
+            .acquire_or_park(&crowd, SLOTS, claim("b"))
+            .expect("b's turn");
         drop(b);
         assert_eq!(
             wakeups.try_recv().ok(),
@@ -336,18 +374,20 @@ mod tests {
         let turns = Turns::new(4);
         let mut wakeups = turns.wakeups();
         let storm = class("storm", Some("2"));
-        let first = turns.acquire_or_park(&storm, claim("first")).expect("turn");
+        let first = turns
+            .acquire_or_park(&storm, SLOTS, claim("first"))
+            .expect("turn");
         let second = turns
-            .acquire_or_park(&storm, claim("second"))
+            .acquire_or_park(&storm, SLOTS, claim("second"))
             .expect("turn");
         for name in ["a", "b"] {
-            assert!(turns.acquire_or_park(&storm, claim(name)).is_none());
+            assert!(turns.acquire_or_park(&storm, SLOTS, claim(name)).is_none());
         }
         drop(first);
         assert_eq!(wakeups.try_recv().ok(), Some(claim("a")));
         // The class's limit was lowered before `a` came back: no turn, but `a` stays ahead of b.
         let lowered = class("storm", Some("1"));
-        assert!(turns.acquire_or_park(&lowered, claim("a")).is_none());
+        assert!(turns.acquire_or_park(&lowered, SLOTS, claim("a")).is_none());
         drop(second);
         assert_eq!(wakeups.try_recv().ok(), Some(claim("a")), "a first");
     }
@@ -357,9 +397,11 @@ mod tests {
         let turns = Turns::new(2);
         let mut wakeups = turns.wakeups();
         let crowd = class("crowd", None);
-        let held = turns.acquire_or_park(&crowd, claim("held")).expect("turn");
+        let held = turns
+            .acquire_or_park(&crowd, SLOTS, claim("held"))
+            .expect("turn");
         for name in ["a", "b", "c"] {
-            assert!(turns.acquire_or_park(&crowd, claim(name)).is_none());
+            assert!(turns.acquire_or_park(&crowd, SLOTS, claim(name)).is_none());
         }
         // `b` was bound by another replica while parked: it leaves the queue.
         turns.pass("crowd", &claim("b"));
@@ -377,9 +419,11 @@ mod tests {
         let turns = Turns::new(2);
         let mut wakeups = turns.wakeups();
         let crowd = class("crowd", None);
-        let held = turns.acquire_or_park(&crowd, claim("held")).expect("turn");
+        let held = turns
+            .acquire_or_park(&crowd, SLOTS, claim("held"))
+            .expect("turn");
         for name in ["a", "b"] {
-            assert!(turns.acquire_or_park(&crowd, claim(name)).is_none());
+            assert!(turns.acquire_or_park(&crowd, SLOTS, claim(name)).is_none());
         }
         drop(held);
         assert_eq!(wakeups.try_recv().ok(), Some(claim("a")));

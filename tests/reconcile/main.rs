@@ -69,7 +69,7 @@ fn settings() -> Settings {
         failed_provision_threshold: 3,
         create_pv_retry_count: 1,
         // These tests reconcile claims themselves, many at once, with no controller to wake a
-        // parked one: a class gets 15 turns.
+        // parked one: a class gets 15 turns (its guest has 16 slots unless a test says).
         worker_threads: 16,
         ..Settings::default()
     };
@@ -88,11 +88,16 @@ fn log_settings() -> Settings {
 impl World {
     fn new(settings: Settings, limits: &str) -> World {
         let storage = tempfile::tempdir().expect("tempdir");
+        let limits = if limits.contains("max-concurrency") {
+            limits.to_string()
+        } else {
+            format!("max-concurrency = 16\n{limits}")
+        };
         let plugins = PluginsDir::new();
         plugins.add(
             "scripted",
             "scripted",
-            &dir_grant(P, storage.path(), "/state", limits),
+            &dir_grant(P, storage.path(), "/state", &limits),
         );
         let loaded = load_dir(&WasmEngine::new().expect("engine"), plugins.path()).expect("load");
         let api = FakeApi::default();
@@ -518,6 +523,51 @@ async fn a_class_limit_holds_its_own_claims_and_not_the_others() {
     assert_eq!(woken, Some(ObjectRef::from_obj(&*second)));
     world.provision(&second).await.expect("now its turn");
     assert!(world.api.get(&pv_path("pvc-u-s2")).is_some());
+}
+
+/// With more workers than its guest has slots, a class still leaves its guest a slot for the
+/// others: the claims over its turns are parked (before, all four slots were the crowd's, and
+/// another class's claim and the crowd's fifth went back to kube-runtime's queue on a timer).
+#[tokio::test]
+async fn a_class_never_takes_its_guests_last_slot() {
+    let mut world = World::new(settings(), "max-concurrency = 4");
+    world.class("crowd", json!({"delayMs": "1500"}), json!({}));
+    world.class("quiet", json!({}), json!({}));
+    let crowd: Vec<_> = (0..5)
+        .map(|n| world.claim(claim_of(&format!("c{n}"), "crowd", P)))
+        .collect();
+    let other = world.claim(claim_of("q", "quiet", P));
+    let running: Vec<_> = crowd[..4]
+        .iter()
+        .map(|pvc| {
+            let (ctx, pvc) = (world.ctx.clone(), pvc.clone());
+            tokio::spawn(async move { claims::reconcile(pvc, ctx).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let action = world.provision(&crowd[4]).await.expect("parked");
+    assert_eq!(
+        requeue_after(&action),
+        None,
+        "parked, not requeued: {action:?}"
+    );
+    assert_eq!(
+        world.ctx.turns.running("crowd"),
+        3,
+        "one slot left to the others"
+    );
+    assert_eq!(world.ctx.turns.parked(), 2);
+    world
+        .provision(&other)
+        .await
+        .expect("another class finds its guest's slot free");
+    assert!(world.api.get(&pv_path("pvc-u-q")).is_some());
+    for reconcile in running {
+        reconcile
+            .await
+            .unwrap()
+            .expect("the crowd's first three, and the parked one");
+    }
 }
 
 /// Claim-finalizer mode: the guest answered `transient` (storage may exist), then the claim was
@@ -960,12 +1010,19 @@ async fn a_claim_whose_class_has_no_turn_free_is_parked_without_a_call_and_woken
     let mut wakeups = world.ctx.turns.wakeups();
     let stuck = world.ctx.class("stuck").expect("class");
     let holder = |n: usize| ObjectRef::new(&format!("holder-{n}")).within("ns");
-    let held: Vec<_> = (0..world.ctx.turns.limit(&stuck))
+    let slots = world
+        .ctx
+        .plugins()
+        .for_provisioner(P)
+        .expect("guest")
+        .grants()
+        .max_concurrency;
+    let held: Vec<_> = (0..world.ctx.turns.limit(&stuck, slots))
         .map(|n| {
             world
                 .ctx
                 .turns
-                .acquire_or_park(&stuck, holder(n))
+                .acquire_or_park(&stuck, slots, holder(n))
                 .expect("turn")
         })
         .collect();

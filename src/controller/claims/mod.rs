@@ -258,11 +258,12 @@ async fn call_guest(
     tracing::Span::current().record("guest", guest.name());
     let pv_name = decide::pv_name(pvc).ok_or(ClaimError::NoUid)?;
     let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
-    // No class takes every worker (see `inflight`): when the class's turns are all taken the
-    // claim is parked, before any request or guest call, until one of them ends.
-    // Name and namespace only: the queue may hold thousands.
+    // No class takes every worker or its guest's every slot (see `inflight`): when the class's
+    // turns are all taken the claim is parked, before any request or guest call, until one of
+    // them ends. Name and namespace only: the queue may hold thousands.
     let parked = ObjectRef::new(&pvc.name_any()).within(&pvc.namespace().unwrap_or_default());
-    let Some(_turn) = ctx.turns.acquire_or_park(class, parked) else {
+    let slots = guest.grants().max_concurrency;
+    let Some(_turn) = ctx.turns.acquire_or_park(class, slots, parked) else {
         tracing::trace!("the class's turns are all taken; parked");
         if ctx.claim_book.is_retrying(uid) {
             // Still a retry waiting, for the queue-depth gauge.
