@@ -214,7 +214,7 @@ impl Metrics {
             let queue = registry.sub_registry_with_prefix("workqueue");
             queue.register(
                 "depth",
-                "Objects waiting for a scheduled retry (kube-runtime does not expose its queue).",
+                "Objects waiting for a scheduled retry or parked for their class's turn (kube-runtime does not expose its queue).",
                 queue_depth.clone(),
             );
             queue.register(
@@ -404,8 +404,17 @@ impl Metrics {
             name: queue.as_str().into(),
         };
         self.inner.queue_retries.get_or_create(&labels).inc();
+        self.parked(queue, key);
+    }
+
+    /// `key` waits in a queue of ours (parked for its class's turn, or for a retry): counted in
+    /// the depth until its next reconcile starts.
+    pub fn parked(&self, queue: Queue, key: &str) {
         let mut waiting = self.inner.waiting.lock().expect("metrics lock");
         if waiting[queue as usize].insert(key.to_string()) {
+            let labels = QueueLabels {
+                name: queue.as_str().into(),
+            };
             self.inner.queue_depth.get_or_create(&labels).inc();
         }
     }
@@ -427,9 +436,17 @@ impl Metrics {
         }
     }
 
-    /// Keys with a retry scheduled in `queue`.
-    pub fn retries_waiting(&self, queue: Queue) -> usize {
+    /// Keys waiting in `queue`: a retry scheduled, or parked for a turn (`workqueue_depth`).
+    pub fn waiting(&self, queue: Queue) -> usize {
         self.inner.waiting.lock().expect("metrics lock")[queue as usize].len()
+    }
+
+    /// Retries scheduled in `queue` so far (`workqueue_retries_total`).
+    pub fn retries(&self, queue: Queue) -> u64 {
+        let labels = QueueLabels {
+            name: queue.as_str().into(),
+        };
+        self.inner.queue_retries.get_or_create(&labels).get()
     }
 
     /// Whether this replica leads (`lease` = the lease name). For the leader-election module.

@@ -240,6 +240,22 @@ mod tests {
         ObjectRef::new(name).within("ns")
     }
 
+    /// One turn for class `crowd`: `a` and `b` parked behind it, then `a` woken for it.
+    fn a_woken_and_b_parked() -> (Turns, UnboundedReceiver<ClaimRef>) {
+        let turns = Turns::new(2);
+        let mut wakeups = turns.wakeups();
+        let crowd = class("crowd", None);
+        let held = turns
+            .acquire_or_park(&crowd, SLOTS, claim("held"))
+            .expect("turn");
+        for name in ["a", "b"] {
+            assert!(turns.acquire_or_park(&crowd, SLOTS, claim(name)).is_none());
+        }
+        drop(held);
+        assert_eq!(wakeups.try_recv().ok(), Some(claim("a")));
+        (turns, wakeups)
+    }
+
     #[test]
     fn each_class_leaves_a_worker_over_and_parks_in_order() {
         use futures::StreamExt;
@@ -336,17 +352,8 @@ mod tests {
 
     #[test]
     fn a_freed_turn_is_kept_for_the_claim_woken_for_it() {
-        let turns = Turns::new(2);
-        let mut wakeups = turns.wakeups();
+        let (turns, mut wakeups) = a_woken_and_b_parked();
         let crowd = class("crowd", None);
-        let held = turns
-            .acquire_or_park(&crowd, SLOTS, claim("held"))
-            .expect("turn");
-        for name in ["a", "b"] {
-            assert!(turns.acquire_or_park(&crowd, SLOTS, claim(name)).is_none());
-        }
-        drop(held);
-        assert_eq!(wakeups.try_recv().ok(), Some(claim("a")));
         // A retry come due before `a` is back neither takes its turn nor passes `b`.
         assert!(
             turns
@@ -416,17 +423,7 @@ mod tests {
 
     #[test]
     fn a_refresh_wakes_parked_claims_for_turns_nobody_came_back_for() {
-        let turns = Turns::new(2);
-        let mut wakeups = turns.wakeups();
-        let crowd = class("crowd", None);
-        let held = turns
-            .acquire_or_park(&crowd, SLOTS, claim("held"))
-            .expect("turn");
-        for name in ["a", "b"] {
-            assert!(turns.acquire_or_park(&crowd, SLOTS, claim(name)).is_none());
-        }
-        drop(held);
-        assert_eq!(wakeups.try_recv().ok(), Some(claim("a")));
+        let (turns, mut wakeups) = a_woken_and_b_parked();
         turns.refresh(|_| true, Duration::from_secs(60));
         assert!(wakeups.try_recv().is_err(), "a's turn is still kept for it");
         // `a` was deleted meanwhile and never comes back: `b` waits though no turn is taken.

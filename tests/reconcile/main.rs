@@ -351,8 +351,8 @@ async fn ten_thousand_foreign_claims_and_volumes_leave_no_trace() {
     );
     assert_eq!(world.ctx.claim_book.len(), 0, "failure book of claims");
     assert_eq!(world.ctx.volume_book.len(), 0, "failure book of volumes");
-    assert_eq!(world.ctx.metrics.retries_waiting(Queue::Claims), 0);
-    assert_eq!(world.ctx.metrics.retries_waiting(Queue::Volumes), 0);
+    assert_eq!(world.ctx.metrics.waiting(Queue::Claims), 0);
+    assert_eq!(world.ctx.metrics.waiting(Queue::Volumes), 0);
     assert_eq!(world.ctx.recorder.queued(), 0, "event queue");
     assert_eq!(world.ctx.recorder.series_len(), 0, "event series");
     assert_eq!(world.ctx.recent.len(), 0, "recent writes");
@@ -480,7 +480,7 @@ async fn a_busy_guest_is_looked_at_again_shortly_without_a_failure() {
         "no intent before a guest call"
     );
     running.await.unwrap().expect("the first claim provisions");
-    assert_eq!(world.ctx.metrics.retries_waiting(Queue::Claims), 0);
+    assert_eq!(world.ctx.metrics.waiting(Queue::Claims), 0);
 }
 
 #[tokio::test]
@@ -1043,9 +1043,14 @@ async fn a_claim_whose_class_has_no_turn_free_is_parked_without_a_call_and_woken
         "a retry and a first attempt alike"
     );
     assert_eq!(
-        world.ctx.metrics.retries_waiting(Queue::Claims),
+        world.ctx.metrics.waiting(Queue::Claims),
+        2,
+        "parked claims are in the queue's depth, the retry and the first attempt alike"
+    );
+    assert_eq!(
+        world.ctx.metrics.retries(Queue::Claims),
         1,
-        "a parked retry still counts as waiting; a first attempt never did"
+        "parking a retry does not count it again"
     );
     world
         .provision(&other)

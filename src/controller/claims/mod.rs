@@ -265,11 +265,7 @@ async fn call_guest(
     let slots = guest.grants().max_concurrency;
     let Some(_turn) = ctx.turns.acquire_or_park(class, slots, parked) else {
         tracing::trace!("the class's turns are all taken; parked");
-        if ctx.claim_book.is_retrying(uid) {
-            // Still a retry waiting, for the queue-depth gauge.
-            ctx.metrics
-                .retry_scheduled(crate::metrics::Queue::Claims, uid);
-        }
+        ctx.metrics.parked(crate::metrics::Queue::Claims, uid);
         return Ok(Done::Nothing);
     };
     if handle.gate().await? {
