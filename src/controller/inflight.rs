@@ -9,9 +9,10 @@
 //! as long as it lasts, and a claim of another class whose place in that order is late waited
 //! that long: its PV was created 64.3 s after it behind 5,000 first attempts, and > 60 s behind
 //! 5,000 retries. Parked, a claim costs nothing (no request, guest call or requeue) and leaves
-//! kube-runtime's queue, which then holds only new work and the woken; a worker and a guest slot
-//! are always left over for another class, and every class gets its own turns, so one class's
-//! burst never waits behind another's. (Were a class's turns more than its guest's slots, the
+//! kube-runtime's queue, which then holds only new work and the woken; any one class leaves a
+//! worker and a guest slot over for the others, and every class gets its own turns, so one
+//! class's burst never waits behind another's. (Several classes bursting at once can still fill
+//! every worker between them.) (Were a class's turns more than its guest's slots, the
 //! claims over them would find the guest busy before their turn, and go back to kube-runtime's
 //! queue on a timer instead of parking.)
 
@@ -148,21 +149,35 @@ impl Turns {
             .unwrap_or_else(|| unbounded().1)
     }
 
-    /// Forgets claims that `exists` says are gone, stops keeping turns for claims woken longer
-    /// than `kept` ago (deleted, bound, or not ours meanwhile, they never come back for it), and
-    /// wakes parked claims for the turns that frees. Run every few seconds, this bounds how long
-    /// a class's queue can stall.
-    pub fn refresh(&self, exists: impl Fn(&ClaimRef) -> bool, kept: Duration) {
+    /// Forgets claims that `belongs` says are no longer of the class they wait in (deleted, not
+    /// ours, or of another class now), and wakes parked claims for the turns that frees. A
+    /// claim woken longer than `kept` ago and not back (its reconcile waits behind others in
+    /// kube-runtime's queue) goes back to the front and is woken again. Run every few seconds,
+    /// this bounds how long a turn can stay kept for a claim that will never take it.
+    pub fn refresh(&self, belongs: impl Fn(&str, &ClaimRef) -> bool, kept: Duration) {
         let mut classes = self.classes.lock().expect("lock");
-        for turns in classes.values_mut() {
-            turns.is_parked.retain(|claim| exists(claim));
+        for (class, turns) in classes.iter_mut() {
+            let still = |claim: &ClaimRef| belongs(class, claim);
+            turns.is_parked.retain(|claim| still(claim));
+            turns.woken.retain(|claim, _| still(claim));
+            let mut late: Vec<_> = turns
+                .woken
+                .iter()
+                .filter(|(_, at)| at.elapsed() >= kept)
+                .map(|(claim, at)| (*at, claim.clone()))
+                .collect();
+            // Pushed to the front latest first, so the one woken longest ago leads.
+            late.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
+            for (_, claim) in late {
+                turns.woken.remove(&claim);
+                turns.is_parked.insert(claim.clone());
+                turns.parked.push_front(claim);
+            }
             let ClassTurns {
                 parked, is_parked, ..
             } = turns;
-            parked.retain(|claim| is_parked.contains(claim));
-            turns
-                .woken
-                .retain(|claim, at| exists(claim) && at.elapsed() < kept);
+            let mut seen = HashSet::new();
+            parked.retain(|claim| is_parked.contains(claim) && seen.insert(claim.clone()));
             while turns.free() && self.wake_next(turns) {}
         }
         classes.retain(|_, turns| {
@@ -288,7 +303,7 @@ mod tests {
             .acquire_or_park(&class("other", None), SLOTS, claim("other"))
             .expect("another class has turns of its own");
         drop(other);
-        turns.refresh(|c| c.name != "gone", Duration::ZERO);
+        turns.refresh(|_, c| c.name != "gone", Duration::ZERO);
         assert_eq!(turns.parked(), 2, "no turn free: nobody woken");
         held.clear();
         assert_eq!(turns.running("crowd"), 0);
@@ -424,16 +439,31 @@ mod tests {
     #[test]
     fn a_refresh_wakes_parked_claims_for_turns_nobody_came_back_for() {
         let (turns, mut wakeups) = a_woken_and_b_parked();
-        turns.refresh(|_| true, Duration::from_secs(60));
+        turns.refresh(|_, _| true, Duration::from_secs(60));
         assert!(wakeups.try_recv().is_err(), "a's turn is still kept for it");
         // `a` was deleted meanwhile and never comes back: `b` waits though no turn is taken.
         assert_eq!((turns.running("crowd"), turns.parked()), (0, 1));
-        turns.refresh(|c| c.name != "a", Duration::from_secs(60));
+        turns.refresh(|_, c| c.name != "a", Duration::from_secs(60));
         assert_eq!(wakeups.try_recv().ok(), Some(claim("b")));
         assert_eq!(turns.parked(), 0);
-        // Nor did `b` come back: once its turn has been kept long enough the class is forgotten.
-        turns.refresh(|_| true, Duration::ZERO);
+        // Nor will `b`: it is of another class now. Nothing is left of the class.
+        turns.refresh(|class, _| class != "crowd", Duration::from_secs(60));
         assert!(wakeups.try_recv().is_err());
         assert_eq!(turns.classes(), 0);
+    }
+
+    #[test]
+    fn a_woken_claim_slow_to_come_back_is_woken_again_in_its_place() {
+        let (turns, mut wakeups) = a_woken_and_b_parked();
+        let crowd = class("crowd", None);
+        // `a`'s reconcile waits behind others in kube-runtime's queue past the time kept.
+        turns.refresh(|_, _| true, Duration::ZERO);
+        assert_eq!(wakeups.try_recv().ok(), Some(claim("a")), "woken again");
+        assert!(wakeups.try_recv().is_err(), "b still waits behind it");
+        let a = turns
+            .acquire_or_park(&crowd, SLOTS, claim("a"))
+            .expect("a's turn, kept again");
+        drop(a);
+        assert_eq!(wakeups.try_recv().ok(), Some(claim("b")));
     }
 }

@@ -116,9 +116,14 @@ pub async fn reconcile(
         class = %class,
         guest = tracing::field::Empty,
     );
+    let fingerprint = claim_fingerprint(&pvc, &ctx);
+    if ctx.claim_book.is_given_up(&uid, fingerprint) {
+        // No attempt comes: whatever it waited for in its class's queue goes to the next claim.
+        ctx.turns.pass(&class, &ObjectRef::from_obj(pvc.as_ref()));
+    }
     let tracked = Tracked {
         key: uid,
-        fingerprint: claim_fingerprint(&pvc, &ctx),
+        fingerprint,
         reference: pvc.object_ref(&()),
         operation: Operation::Provision {
             class,

@@ -49,16 +49,29 @@ pub(super) async fn forget_gone_objects(ctx: Arc<Context>) -> &'static str {
     }
 }
 
-/// How often turns nobody came back for are handed to the next parked claims (see
-/// [`crate::controller::inflight`]): the longest a class's queue can stall.
+/// How often the claims' queues are checked for claims that will not take their place or kept
+/// turn, and for woken claims not back yet (see [`crate::controller::inflight`]): the longest a
+/// class's queue can stall.
 const TURNS_PERIOD: Duration = Duration::from_secs(2);
 
 pub(super) async fn wake_parked_claims(ctx: Arc<Context>) -> &'static str {
     loop {
         tokio::time::sleep(TURNS_PERIOD).await;
         ctx.turns
-            .refresh(|claim| ctx.claims.get(claim).is_some(), TURNS_PERIOD);
+            .refresh(|class, claim| belongs(&ctx, class, claim), TURNS_PERIOD);
     }
+}
+
+/// Whether `claim` still waits for a turn of `class`: it exists, it is ours to look at (the
+/// claim cache drops what is not), and it names `class`.
+fn belongs(
+    ctx: &Context,
+    class: &str,
+    claim: &kube::runtime::reflector::ObjectRef<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+) -> bool {
+    ctx.claims
+        .get(claim)
+        .is_some_and(|pvc| crate::controller::decide::claim_class(&pvc) == Some(class))
 }
 
 /// `leader_election_master_status` follows the gate (polled: cheap, and never misses a flip).
