@@ -255,17 +255,30 @@ mod tests {
         ObjectRef::new(name).within("ns")
     }
 
+    /// A turn for `name`, which must get one.
+    fn take<'a>(turns: &'a Turns, class: &StorageClass, name: &str) -> Turn<'a> {
+        turns
+            .acquire_or_park(class, SLOTS, claim(name))
+            .expect("a turn")
+    }
+
+    /// Parks each of `names`, which must find no turn.
+    fn park(turns: &Turns, class: &StorageClass, names: &[&str]) {
+        for name in names {
+            assert!(
+                turns.acquire_or_park(class, SLOTS, claim(name)).is_none(),
+                "{name} parked"
+            );
+        }
+    }
+
     /// One turn for class `crowd`: `a` and `b` parked behind it, then `a` woken for it.
     fn a_woken_and_b_parked() -> (Turns, UnboundedReceiver<ClaimRef>) {
         let turns = Turns::new(2);
         let mut wakeups = turns.wakeups();
         let crowd = class("crowd", None);
-        let held = turns
-            .acquire_or_park(&crowd, SLOTS, claim("held"))
-            .expect("turn");
-        for name in ["a", "b"] {
-            assert!(turns.acquire_or_park(&crowd, SLOTS, claim(name)).is_none());
-        }
+        let held = take(&turns, &crowd, "held");
+        park(&turns, &crowd, &["a", "b"]);
         drop(held);
         assert_eq!(wakeups.try_recv().ok(), Some(claim("a")));
         (turns, wakeups)
@@ -335,12 +348,8 @@ mod tests {
         );
         assert_eq!(turns.limit(&class("quiet", None), 1), 1);
         let storm = class("storm", Some("2"));
-        let a = turns
-            .acquire_or_park(&storm, SLOTS, claim("a"))
-            .expect("first");
-        let b = turns
-            .acquire_or_park(&storm, SLOTS, claim("b"))
-            .expect("second");
+        let a = take(&turns, &storm, "a");
+        let b = take(&turns, &storm, "b");
         assert!(
             turns.acquire_or_park(&storm, SLOTS, claim("c")).is_none(),
             "third of 2"
@@ -354,9 +363,7 @@ mod tests {
         );
         drop(quiet);
         drop((a, b));
-        let c = turns
-            .acquire_or_park(&storm, SLOTS, claim("c"))
-            .expect("woken, its turn");
+        let c = take(&turns, &storm, "c");
         drop(c);
         assert_eq!(
             turns.classes(),
@@ -375,14 +382,10 @@ mod tests {
                 .acquire_or_park(&crowd, SLOTS, claim("retry"))
                 .is_none()
         );
-        let a = turns
-            .acquire_or_park(&crowd, SLOTS, claim("a"))
-            .expect("a's turn");
+        let a = take(&turns, &crowd, "a");
         drop(a);
         assert_eq!(wakeups.try_recv().ok(), Some(claim("b")));
-        let b = turns
-            .acquire_or_park(&crowd, SLOTS, claim("b"))
-            .expect("b's turn");
+        let b = take(&turns, &crowd, "b");
         drop(b);
         assert_eq!(
             wakeups.try_recv().ok(),
@@ -396,15 +399,9 @@ mod tests {
         let turns = Turns::new(4);
         let mut wakeups = turns.wakeups();
         let storm = class("storm", Some("2"));
-        let first = turns
-            .acquire_or_park(&storm, SLOTS, claim("first"))
-            .expect("turn");
-        let second = turns
-            .acquire_or_park(&storm, SLOTS, claim("second"))
-            .expect("turn");
-        for name in ["a", "b"] {
-            assert!(turns.acquire_or_park(&storm, SLOTS, claim(name)).is_none());
-        }
+        let first = take(&turns, &storm, "first");
+        let second = take(&turns, &storm, "second");
+        park(&turns, &storm, &["a", "b"]);
         drop(first);
         assert_eq!(wakeups.try_recv().ok(), Some(claim("a")));
         // The class's limit was lowered before `a` came back: no turn, but `a` stays ahead of b.
@@ -419,12 +416,8 @@ mod tests {
         let turns = Turns::new(2);
         let mut wakeups = turns.wakeups();
         let crowd = class("crowd", None);
-        let held = turns
-            .acquire_or_park(&crowd, SLOTS, claim("held"))
-            .expect("turn");
-        for name in ["a", "b", "c"] {
-            assert!(turns.acquire_or_park(&crowd, SLOTS, claim(name)).is_none());
-        }
+        let held = take(&turns, &crowd, "held");
+        park(&turns, &crowd, &["a", "b", "c"]);
         // `b` was bound by another replica while parked: it leaves the queue.
         turns.pass("crowd", &claim("b"));
         drop(held);
@@ -460,9 +453,7 @@ mod tests {
         turns.refresh(|_, _| true, Duration::ZERO);
         assert_eq!(wakeups.try_recv().ok(), Some(claim("a")), "woken again");
         assert!(wakeups.try_recv().is_err(), "b still waits behind it");
-        let a = turns
-            .acquire_or_park(&crowd, SLOTS, claim("a"))
-            .expect("a's turn, kept again");
+        let a = take(&turns, &crowd, "a");
         drop(a);
         assert_eq!(wakeups.try_recv().ok(), Some(claim("b")));
     }
