@@ -7,14 +7,13 @@
 //! serves in hash order, not in time order (`Scheduler::hold`). A burst of thousands of claims of
 //! one class (new ones, or retries of a guest that keeps failing) would keep every worker busy for
 //! as long as it lasts, and a claim of another class whose place in that order is late waited
-//! that long: its PV was created 64.3 s after it behind 5,000 first attempts, and > 60 s behind
+//! that long: its PV was created 65.3 s after it behind 5,000 first attempts, and > 60 s behind
 //! 5,000 retries. Parked, a claim costs nothing (no request, guest call or requeue) and leaves
-//! kube-runtime's queue, which then holds only new work and the woken; any one class leaves a
-//! worker and a guest slot over for the others, and every class gets its own turns, so one
-//! class's burst never waits behind another's. (Several classes bursting at once can still fill
-//! every worker between them.) (Were a class's turns more than its guest's slots, the
-//! claims over them would find the guest busy before their turn, and go back to kube-runtime's
-//! queue on a timer instead of parking.)
+//! kube-runtime's queue, which then holds only new work and the woken. Any one class leaves a
+//! worker and a guest slot over for the others (with more turns than its guest's slots, the
+//! claims over them would find the guest busy and go back to kube-runtime's queue on a timer
+//! instead of parking), and every class gets its own turns, so one class's burst never waits
+//! behind another's. Several classes bursting at once can still fill every worker between them.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
@@ -57,6 +56,11 @@ impl ClassTurns {
     /// Turns neither taken nor kept for a woken claim.
     fn free(&self) -> bool {
         self.running + self.woken.len() < self.limit
+    }
+
+    /// Nothing in flight, parked or woken: the class's entry can go.
+    fn is_idle(&self) -> bool {
+        self.running == 0 && self.is_parked.is_empty() && self.woken.is_empty()
     }
 }
 
@@ -122,7 +126,7 @@ impl Turns {
                 turns.parked.push_back(claim);
             }
         }
-        while turns.free() && self.wake_next(turns) {}
+        self.fill(turns);
         None
     }
 
@@ -135,7 +139,7 @@ impl Turns {
         };
         let woken = turns.woken.remove(claim).is_some();
         if woken || turns.is_parked.remove(claim) {
-            while turns.free() && self.wake_next(turns) {}
+            self.fill(turns);
         }
     }
 
@@ -178,11 +182,14 @@ impl Turns {
             } = turns;
             let mut seen = HashSet::new();
             parked.retain(|claim| is_parked.contains(claim) && seen.insert(claim.clone()));
-            while turns.free() && self.wake_next(turns) {}
+            self.fill(turns);
         }
-        classes.retain(|_, turns| {
-            turns.running > 0 || !turns.is_parked.is_empty() || !turns.woken.is_empty()
-        });
+        classes.retain(|_, turns| !turns.is_idle());
+    }
+
+    /// Wakes parked claims, longest parked first, for every turn of the class that is free.
+    fn fill(&self, turns: &mut ClassTurns) {
+        while turns.free() && self.wake_next(turns) {}
     }
 
     /// Wakes the longest parked claim of a class, keeping a turn for it; false when none is
@@ -224,8 +231,8 @@ impl Drop for Turn<'_> {
             return;
         };
         turns.running -= 1;
-        while turns.free() && self.turns.wake_next(turns) {}
-        if turns.running == 0 && turns.is_parked.is_empty() && turns.woken.is_empty() {
+        self.turns.fill(turns);
+        if turns.is_idle() {
             classes.remove(&self.class);
         }
     }

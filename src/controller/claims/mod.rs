@@ -99,6 +99,19 @@ pub fn claims_of_class(
         .collect()
 }
 
+/// The claim as its class's queue holds it: name and namespace only, for the queue may hold
+/// thousands.
+fn queue_ref(pvc: &PersistentVolumeClaim) -> ObjectRef<PersistentVolumeClaim> {
+    ObjectRef::new(&pvc.name_any()).within(&pvc.namespace().unwrap_or_default())
+}
+
+/// The claim needs no turn now (bound, given up, not ours): its place in its class's queue, or
+/// the turn kept for it, goes to the next claim at once.
+fn leave_queue(ctx: &Context, pvc: &PersistentVolumeClaim) {
+    let class = decide::claim_class(pvc).unwrap_or_default();
+    ctx.turns.pass(class, &queue_ref(pvc));
+}
+
 /// Reconciles one claim: opens its gate scope, then runs [`provision`] with the shared bookkeeping.
 pub async fn reconcile(
     pvc: Arc<PersistentVolumeClaim>,
@@ -118,8 +131,8 @@ pub async fn reconcile(
     );
     let fingerprint = claim_fingerprint(&pvc, &ctx);
     if ctx.claim_book.is_given_up(&uid, fingerprint) {
-        // No attempt comes: whatever it waited for in its class's queue goes to the next claim.
-        ctx.turns.pass(&class, &ObjectRef::from_obj(pvc.as_ref()));
+        // No attempt comes.
+        leave_queue(&ctx, &pvc);
     }
     let tracked = Tracked {
         key: uid,
@@ -181,10 +194,7 @@ async fn provision(handle: &Handle<'_>, pvc: &PersistentVolumeClaim) -> Result<D
     let facts = Facts::of(handle, pvc, &plugins);
     let plan = plan::plan_claim(pvc, &facts);
     if !matches!(plan, ClaimPlan::Provision { .. } | ClaimPlan::Busy(_)) {
-        // Whatever it waited for in its class's queue goes to the next claim now.
-        let parked = ObjectRef::from_obj(pvc);
-        ctx.turns
-            .pass(decide::claim_class(pvc).unwrap_or_default(), &parked);
+        leave_queue(ctx, pvc);
     }
     match plan {
         ClaimPlan::Skip(reason) => {
@@ -265,10 +275,9 @@ async fn call_guest(
     let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
     // No class takes every worker or its guest's every slot (see `inflight`): when the class's
     // turns are all taken the claim is parked, before any request or guest call, until one of
-    // them ends. Name and namespace only: the queue may hold thousands.
-    let parked = ObjectRef::new(&pvc.name_any()).within(&pvc.namespace().unwrap_or_default());
+    // them ends.
     let slots = guest.grants().max_concurrency;
-    let Some(_turn) = ctx.turns.acquire_or_park(class, slots, parked) else {
+    let Some(_turn) = ctx.turns.acquire_or_park(class, slots, queue_ref(pvc)) else {
         tracing::trace!("the class's turns are all taken; parked");
         ctx.metrics.parked(crate::metrics::Queue::Claims, uid);
         return Ok(Done::Nothing);

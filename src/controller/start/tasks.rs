@@ -5,10 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
-use crate::controller::{Context, events, gate, leader};
+use crate::controller::{Context, decide, events, gate, leader};
 use crate::metrics::Metrics;
 
 /// How often the intent logs are checked for claims deleted while no one worked on them.
@@ -64,14 +66,10 @@ pub(super) async fn wake_parked_claims(ctx: Arc<Context>) -> &'static str {
 
 /// Whether `claim` still waits for a turn of `class`: it exists, it is ours to look at (the
 /// claim cache drops what is not), and it names `class`.
-fn belongs(
-    ctx: &Context,
-    class: &str,
-    claim: &kube::runtime::reflector::ObjectRef<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
-) -> bool {
+fn belongs(ctx: &Context, class: &str, claim: &ObjectRef<PersistentVolumeClaim>) -> bool {
     ctx.claims
         .get(claim)
-        .is_some_and(|pvc| crate::controller::decide::claim_class(&pvc) == Some(class))
+        .is_some_and(|pvc| decide::claim_class(&pvc) == Some(class))
 }
 
 /// `leader_election_master_status` follows the gate (polled: cheap, and never misses a flip).
