@@ -99,10 +99,14 @@ enum Write {
         namespace: String,
         event: Box<Event>,
     },
+    /// A repeat: the first event's count is patched, or, when that event is gone (its create
+    /// dropped from a full queue or failed, or its TTL passed), the repeat is created whole
+    /// under the series' name, as client-go's recorder does.
     Count {
         namespace: String,
         name: String,
         patch: serde_json::Value,
+        event: Box<Event>,
     },
 }
 
@@ -264,10 +268,14 @@ impl Recorder {
         series.retain(|_, s| s.first_seen.elapsed() < SERIES_WINDOW);
         if let Some(s) = series.get_mut(&key) {
             s.count += 1;
+            let mut event = event;
+            event.metadata.name = Some(s.name.clone());
+            event.count = Some(s.count);
             return Write::Count {
                 namespace: s.namespace.clone(),
                 name: s.name.clone(),
                 patch: json!({ "count": s.count, "lastTimestamp": event.last_timestamp }),
+                event: Box::new(event),
             };
         }
         if series.len() < SERIES_CAPACITY {
@@ -308,10 +316,20 @@ async fn write_events(
                 namespace,
                 name,
                 patch,
-            } => Api::<Event>::namespaced(client.clone(), &namespace)
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map(|_| ()),
+                event,
+            } => {
+                let events = Api::<Event>::namespaced(client.clone(), &namespace);
+                match events
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Err(kube::Error::Api(status)) if status.is_not_found() => {
+                        events.create(&PostParams::default(), &event).await
+                    }
+                    patched => patched,
+                }
+                .map(|_| ())
+            }
         };
         if let Err(error) = result {
             tracing::warn!(%error, "could not publish event");

@@ -233,6 +233,12 @@ impl FakeApi {
 /// Applies the patch shapes the controller sends: finalizer adds/removes (strategic merge) or a
 /// replaced list (merge), and annotations set or removed (null).
 fn apply_patch(object: &mut Value, patch: &Value, strategic: bool) {
+    // Outside metadata, a JSON merge patch (events' counts).
+    for (key, value) in patch.as_object().into_iter().flatten() {
+        if key != "metadata" {
+            merge(&mut object[key], value);
+        }
+    }
     let meta = &patch["metadata"];
     let finalizers = object["metadata"]["finalizers"]
         .as_array()
@@ -267,6 +273,25 @@ fn apply_patch(object: &mut Value, patch: &Value, strategic: bool) {
             } else {
                 target.insert(key.clone(), value.clone());
             }
+        }
+    }
+}
+
+/// RFC 7386: objects merge key by key, null removes, anything else replaces.
+fn merge(target: &mut Value, patch: &Value) {
+    let Some(fields) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let object = target.as_object_mut().expect("object");
+    for (key, value) in fields {
+        if value.is_null() {
+            object.remove(key);
+        } else {
+            merge(object.entry(key.clone()).or_insert(Value::Null), value);
         }
     }
 }

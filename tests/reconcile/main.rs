@@ -1203,3 +1203,42 @@ async fn claims_recorded_ahead_never_fill_the_log_however_many_wait() {
         log.len()
     );
 }
+
+/// A repeat of an event whose first one is gone (its create dropped from a full queue or
+/// refused, or its TTL passed) is written again whole. Before, its count was patched onto a
+/// name that did not exist: "not found", and every repeat for ten minutes was lost (seen with
+/// 5,000 claims failing at once).
+#[tokio::test]
+async fn a_repeated_event_whose_first_is_gone_is_written_again() {
+    let world = World::new(settings(), "");
+    let recorder = &world.ctx.recorder;
+    let claim = k8s_openapi::api::core::v1::ObjectReference {
+        kind: Some("PersistentVolumeClaim".into()),
+        namespace: Some(NS.into()),
+        name: Some("data".into()),
+        uid: Some("u-data".into()),
+        ..Default::default()
+    };
+    let events = format!("/api/v1/namespaces/{NS}/events");
+    let counts = || async {
+        recorder.flush(Duration::from_secs(5)).await;
+        world
+            .api
+            .objects_under(&events)
+            .iter()
+            .map(|event| event["count"].as_i64().unwrap_or_default())
+            .collect::<Vec<_>>()
+    };
+    let publish = || recorder.publish(&claim, true, "ProvisioningFailed", "Provision", "x".into());
+    publish();
+    assert_eq!(counts().await, [1]);
+    publish();
+    assert_eq!(counts().await, [2], "a repeat counts on the first");
+    let first = &world.api.objects_under(&events)[0];
+    let name = first["metadata"]["name"].as_str().expect("name");
+    world.api.remove(&format!("{events}/{name}"));
+    publish();
+    assert_eq!(counts().await, [3], "written again, with its count");
+    publish();
+    assert_eq!(counts().await, [4], "and counted on from there");
+}
