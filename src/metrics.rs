@@ -214,7 +214,7 @@ impl Metrics {
             let queue = registry.sub_registry_with_prefix("workqueue");
             queue.register(
                 "depth",
-                "Objects waiting for a scheduled retry or parked for their class's turn (kube-runtime does not expose its queue).",
+                "Objects waiting for a scheduled retry or parked for a turn (kube-runtime does not expose its queue).",
                 queue_depth.clone(),
             );
             queue.register(
@@ -407,7 +407,7 @@ impl Metrics {
         self.parked(queue, key);
     }
 
-    /// `key` waits in a queue of ours (parked for its class's turn, or for a retry): counted in
+    /// `key` waits in a queue of ours (parked for a turn, or for a retry): counted in
     /// the depth until its next reconcile starts.
     pub fn parked(&self, queue: Queue, key: &str) {
         let mut waiting = self.inner.waiting.lock().expect("metrics lock");

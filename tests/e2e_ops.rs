@@ -26,7 +26,7 @@ use serde::Deserialize;
 use serde_json::json;
 use wp_harness::{ControlPlane, Process, RBAC_YAML, wait_for};
 
-use common::e2e::{Fixture, uid};
+use common::e2e::{Fixture, free_port, http_get, uid};
 use common::suite::{Suite, Test};
 use common::{PluginsDir, dir_guest};
 
@@ -204,34 +204,6 @@ fn run_help() -> String {
 
 fn has_leader_election() -> bool {
     run_help().contains("--leader-election ") || run_help().contains("--leader-election\n")
-}
-
-fn free_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("local addr")
-}
-
-/// A plain HTTP/1.1 GET; returns (status, body).
-async fn http_get(address: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address).await?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await?;
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).await?;
-    let status = reply
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .context("no HTTP status")?;
-    let body = reply
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
 }
 
 /// One run of the cycle: its fixture (namespace, provisioner name), guest state and process.

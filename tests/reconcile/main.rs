@@ -525,19 +525,24 @@ async fn a_class_limit_holds_its_own_claims_and_not_the_others() {
     assert!(world.api.get(&pv_path("pvc-u-s2")).is_some());
 }
 
-/// With more workers than its guest has slots, a class still leaves its guest a slot for the
-/// others: the claims over its turns are parked (before, all four slots were the crowd's, and
-/// another class's claim and the crowd's fifth went back to kube-runtime's queue on a timer).
+/// With more workers than their guest has slots, the claims of every class it serves together
+/// leave it a slot: a delete finds it free, and the claims over the guest's turns are parked.
+/// Before, each class counted alone: two classes took all four slots, and a delete waited for
+/// one of their calls to end.
 #[tokio::test]
-async fn a_class_never_takes_its_guests_last_slot() {
+async fn claims_of_every_class_leave_their_guest_a_slot_for_deletes() {
     let mut world = World::new(settings(), "max-concurrency = 4");
-    world.class("crowd", json!({"delayMs": "1500"}), json!({}));
-    world.class("quiet", json!({}), json!({}));
-    let crowd: Vec<_> = (0..5)
-        .map(|n| world.claim(claim_of(&format!("c{n}"), "crowd", P)))
+    world.class("fast", json!({}), json!({}));
+    for crowd in ["crowd-a", "crowd-b"] {
+        world.class(crowd, json!({"delayMs": "1500"}), json!({}));
+    }
+    let claims: Vec<_> = (0..4)
+        .map(|n| {
+            let class = ["crowd-a", "crowd-b"][n % 2];
+            world.claim(claim_of(&format!("c{n}"), class, P))
+        })
         .collect();
-    let other = world.claim(claim_of("q", "quiet", P));
-    let running: Vec<_> = crowd[..4]
+    let running: Vec<_> = claims
         .iter()
         .map(|pvc| {
             let (ctx, pvc) = (world.ctx.clone(), pvc.clone());
@@ -545,28 +550,28 @@ async fn a_class_never_takes_its_guests_last_slot() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let action = world.provision(&crowd[4]).await.expect("parked");
+    let turns = &world.ctx.turns;
     assert_eq!(
-        requeue_after(&action),
-        None,
-        "parked, not requeued: {action:?}"
+        (
+            turns.running("crowd-a") + turns.running("crowd-b"),
+            turns.parked()
+        ),
+        (3, 1),
+        "three turns for the guest's four slots, over both classes"
     );
-    assert_eq!(
-        world.ctx.turns.running("crowd"),
-        3,
-        "one slot left to the others"
-    );
-    assert_eq!(world.ctx.turns.parked(), 2);
-    world
-        .provision(&other)
+    let plugins = world.ctx.plugins();
+    let guest = plugins.for_provisioner(P).expect("guest");
+    assert!(!guest.at_capacity(), "a slot is left while the claims run");
+    let pv = volume_path::released_with_storage(&mut world, "pvc-r", json!({}));
+    volumes::reconcile(pv, world.ctx.clone())
         .await
-        .expect("another class finds its guest's slot free");
-    assert!(world.api.get(&pv_path("pvc-u-q")).is_some());
+        .expect("deleted with the slot left");
+    assert!(world.api.get(&pv_path("pvc-r")).is_none(), "PV removed");
     for reconcile in running {
         reconcile
             .await
             .unwrap()
-            .expect("the crowd's first three, and the parked one");
+            .expect("three provisioned, one parked");
     }
 }
 
@@ -1001,7 +1006,11 @@ async fn a_claim_whose_class_has_no_turn_free_is_parked_without_a_call_and_woken
     use futures::StreamExt;
     use kube::runtime::reflector::ObjectRef;
     let (mut world, _log) = World::logged();
-    world.class("stuck", json!({"fail": "transient"}), json!({}));
+    world.class(
+        "stuck",
+        json!({"fail": "transient"}),
+        json!({ANN_MAX_IN_FLIGHT: "2"}),
+    );
     let retry = world.claim(claim_of("retry", "stuck", P));
     let first = world.claim(claim_of("first", "stuck", P));
     let other = world.claim(claim_of("other", "fast", P));
@@ -1010,19 +1019,15 @@ async fn a_claim_whose_class_has_no_turn_free_is_parked_without_a_call_and_woken
     let mut wakeups = world.ctx.turns.wakeups();
     let stuck = world.ctx.class("stuck").expect("class");
     let holder = |n: usize| ObjectRef::new(&format!("holder-{n}")).within("ns");
-    let slots = world
-        .ctx
-        .plugins()
-        .for_provisioner(P)
-        .expect("guest")
-        .grants()
-        .max_concurrency;
-    let held: Vec<_> = (0..world.ctx.turns.limit(&stuck, slots))
+    let plugins = world.ctx.plugins();
+    let guest = plugins.for_provisioner(P).expect("guest");
+    let slots = guest.grants().max_concurrency;
+    let held: Vec<_> = (0..world.ctx.turns.limit(&stuck))
         .map(|n| {
             world
                 .ctx
                 .turns
-                .acquire_or_park(&stuck, slots, holder(n))
+                .acquire_or_park(&stuck, guest.name(), slots, holder(n))
                 .expect("turn")
         })
         .collect();

@@ -82,7 +82,7 @@ async fn finalizer_mode_puts_the_pv_finalizer_on_bound_volumes() {
 }
 
 /// A Released PV of ours, annotated as the scripted guest reads it, with storage to delete.
-fn released_with_storage(
+pub(super) fn released_with_storage(
     world: &mut World,
     name: &str,
     annotations: Value,

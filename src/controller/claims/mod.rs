@@ -273,12 +273,14 @@ async fn call_guest(
     tracing::Span::current().record("guest", guest.name());
     let pv_name = decide::pv_name(pvc).ok_or(ClaimError::NoUid)?;
     let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
-    // No class takes every worker or its guest's every slot (see `inflight`): when the class's
-    // turns are all taken the claim is parked, before any request or guest call, until one of
-    // them ends.
+    // No burst takes every worker or a guest's every slot (see `inflight`): when no turn is
+    // free for the claim it is parked, before any request or guest call, until one is its.
     let slots = guest.grants().max_concurrency;
-    let Some(_turn) = ctx.turns.acquire_or_park(class, slots, queue_ref(pvc)) else {
-        tracing::trace!("the class's turns are all taken; parked");
+    let Some(_turn) = ctx
+        .turns
+        .acquire_or_park(class, guest.name(), slots, queue_ref(pvc))
+    else {
+        tracing::trace!("no turn free; parked");
         ctx.metrics.parked(crate::metrics::Queue::Claims, uid);
         return Ok(Done::Nothing);
     };
