@@ -250,6 +250,9 @@ impl Turns {
             if let Some(turns) = state.classes.get_mut(&name) {
                 turns.running += 1;
             }
+            // A kept turn taken on another guest (a plugin reload) frees the old guest's slot,
+            // and raised limits free turns: whoever waits for them goes now, not at a refresh.
+            self.wake_all(state.fill(self.ceiling));
             return Some(Turn {
                 turns: self,
                 class: name,
@@ -266,11 +269,15 @@ impl Turns {
     pub fn pass(&self, class: &str, claim: &ClaimRef) {
         let mut state = self.state.lock().expect("lock");
         let unkept = state.unkeep(class, claim);
+        // Its entry leaves the queue too: parked again later, it goes to the back.
         let unparked = !unkept
-            && state
-                .classes
-                .get_mut(class)
-                .is_some_and(|turns| turns.is_parked.remove(claim));
+            && state.classes.get_mut(class).is_some_and(|turns| {
+                let was = turns.is_parked.remove(claim);
+                if was {
+                    turns.parked.retain(|queued| queued != claim);
+                }
+                was
+            });
         if unkept || unparked {
             self.wake_all(state.fill(self.ceiling));
         }
@@ -288,29 +295,31 @@ impl Turns {
 
     /// Forgets claims that `belongs` says are no longer of the class they wait in (deleted, not
     /// ours, or of another class now), and wakes parked claims for the turns that frees. A
-    /// claim woken longer than `kept_for` ago and not back (its reconcile waits behind others in
-    /// kube-runtime's queue) goes back to the front and is woken again. Run every few seconds,
-    /// this bounds how long a turn can stay kept for a claim that will never take it.
+    /// claim woken longer than `kept_for` ago and not back (its wakeup waits behind others in
+    /// kube-runtime's queue, or its reconcile stopped before taking the turn) is woken again,
+    /// its turn still kept. Run every few seconds, this bounds how long a turn can stay kept for
+    /// a claim that will never take it.
     pub fn refresh(&self, belongs: impl Fn(&str, &ClaimRef) -> bool, kept_for: Duration) {
         let mut state = self.state.lock().expect("lock");
         let classes: Vec<String> = state.classes.keys().cloned().collect();
+        // Woken claims not back in time, woken again (longest waiting first), turns still kept.
+        let mut again = Vec::new();
         for class in classes {
             let Some(turns) = state.classes.get_mut(&class) else {
                 continue;
             };
             turns.is_parked.retain(|claim| belongs(&class, claim));
-            let gone: Vec<ClaimRef> = turns
-                .woken
-                .keys()
-                .filter(|claim| !belongs(&class, claim))
-                .cloned()
-                .collect();
-            let mut late: Vec<(Instant, ClaimRef)> = turns
-                .woken
-                .iter()
-                .filter(|(claim, kept)| kept.at.elapsed() >= kept_for && belongs(&class, claim))
-                .map(|(claim, kept)| (kept.at, claim.clone()))
-                .collect();
+            let (mut gone, mut late) = (Vec::new(), Vec::new());
+            for (claim, kept) in &mut turns.woken {
+                if !belongs(&class, claim) {
+                    gone.push(claim.clone());
+                } else if kept.at.elapsed() >= kept_for {
+                    late.push((kept.at, claim.clone()));
+                    kept.at = Instant::now();
+                }
+            }
+            late.sort_by_key(|(at, _)| *at);
+            again.extend(late.into_iter().map(|(_, claim)| claim));
             let ClassTurns {
                 parked, is_parked, ..
             } = turns;
@@ -319,14 +328,9 @@ impl Turns {
             for claim in &gone {
                 state.unkeep(&class, claim);
             }
-            // Pushed to the front latest first, so the one woken longest ago leads.
-            late.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
-            for (_, claim) in late {
-                state.unkeep(&class, &claim);
-                state.park(&class, claim, true);
-            }
         }
         state.classes.retain(|_, turns| !turns.is_idle());
+        self.wake_all(again);
         self.wake_all(state.fill(self.ceiling));
     }
 
@@ -581,13 +585,56 @@ mod tests {
     }
 
     #[test]
-    fn a_woken_claim_slow_to_come_back_is_woken_again_in_its_place() {
-        let (turns, mut wakeups) = a_woken_and_b_parked();
-        let crowd = class("crowd", None);
-        // `a`'s reconcile waits behind others in kube-runtime's queue past the time kept.
+    fn a_woken_claim_slow_to_come_back_is_woken_again_keeping_its_turn() {
+        let turns = Turns::new(2);
+        let mut wakeups = turns.wakeups();
+        let (crowd, other) = (class("crowd", None), class("other", None));
+        let held = take(&turns, &crowd, "held");
+        park(&turns, &crowd, &["a"]);
+        drop(held);
+        assert_eq!(woken(&mut wakeups), ["a"]);
+        park(&turns, &other, &["o"]);
+        // `a`'s wakeup waits behind others in kube-runtime's queue past the time kept. Before,
+        // `a` gave its turn back and queued again, behind the other class, which took the turn.
         turns.refresh(|_, _| true, Duration::ZERO);
-        assert_eq!(woken(&mut wakeups), ["a"], "woken again; b still waits");
+        assert_eq!(woken(&mut wakeups), ["a"], "woken again; o still waits");
         drop(take(&turns, &crowd, "a"));
-        assert_eq!(woken(&mut wakeups), ["b"]);
+        assert_eq!(woken(&mut wakeups), ["o"]);
+    }
+
+    #[test]
+    fn a_claim_that_passed_its_place_and_parks_again_goes_to_the_back() {
+        let turns = Turns::new(2);
+        let mut wakeups = turns.wakeups();
+        let crowd = class("crowd", None);
+        let held = take(&turns, &crowd, "held");
+        park(&turns, &crowd, &["x", "y"]);
+        // `x` waited for its guest (passing its place), then came back: behind `y` now.
+        turns.pass("crowd", &claim("x"));
+        park(&turns, &crowd, &["x"]);
+        drop(held);
+        assert_eq!(woken(&mut wakeups), ["y"]);
+    }
+
+    #[test]
+    fn a_kept_turn_taken_on_another_guest_frees_the_first_guests_slot_at_once() {
+        let turns = Turns::new(16);
+        let mut wakeups = turns.wakeups();
+        let (x, y) = (class("x", None), class("y", None));
+        // Guest `g` has two slots: one for claims.
+        let on = |class, guest, name: &str| turns.acquire_or_park(class, guest, 2, claim(name));
+        let held = on(&x, "g", "x-0").expect("g's slot");
+        assert!(on(&x, "g", "c").is_none());
+        assert!(on(&y, "g", "y-1").is_none());
+        drop(held);
+        assert_eq!(woken(&mut wakeups), ["c"], "g's slot kept for c");
+        // A plugin reload serves class x with guest `h` now: `c` comes back to it.
+        let c = on(&x, "h", "c").expect("a turn on h");
+        assert_eq!(
+            woken(&mut wakeups),
+            ["y-1"],
+            "g's slot went to y at once, not at the next refresh"
+        );
+        drop(c);
     }
 }
