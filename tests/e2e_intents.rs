@@ -129,7 +129,7 @@ async fn huge_annotations_do_not_stop_any_class(cp: Arc<ControlPlane>) -> anyhow
 /// retried as fast as the suite retries (2 s at most: more attempts due than the workers can
 /// make): a third class's claims are served during their first attempts and again once all are
 /// retrying, deleted meanwhile, the log stays small, and recovery costs no PV or claim reads.
-/// Before turns (`src/controller/inflight.rs`) a claim created during one class's 5,000 first
+/// Before turns (`src/controller/inflight/`) a claim created during one class's 5,000 first
 /// attempts had its PV 65.3 s later; with turns per class but none shared, two classes bursting
 /// together held every worker and it waited 25.5-59.8 s; before the retries were capped, the one
 /// created after them waited > 60 s.

@@ -166,7 +166,7 @@ pub struct Context {
     pub intents: Option<Arc<storage::intent::IntentLog>>,
     /// Our own writes the caches may not show yet (PVs created, claim finalizers set).
     pub recent: RecentWrites,
-    /// Claim attempts in flight per class, capped below the worker count (see [`inflight`]).
+    /// Claim attempts in flight, capped below the worker count over every class (see [`inflight`]).
     pub turns: Turns,
     /// Who may write: the write gate every guest call and API write passes.
     pub election: Arc<gate::Election>,
