@@ -68,6 +68,17 @@ pub struct Tracked {
     pub operation: Operation,
 }
 
+/// How a tracked attempt ended, beyond its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// The work ran (or the gate stopped it); more attempts may come.
+    Ran,
+    /// Not run: the object was given up before, until it changes.
+    Skipped,
+    /// This failure reached the threshold: no more attempts.
+    GaveUp,
+}
+
 /// Failure counts and give-ups of one queue.
 #[derive(Debug)]
 pub struct Book {
@@ -172,15 +183,15 @@ impl Book {
         }
     }
 
-    /// Runs `work` for one object with the shared bookkeeping; returns the action and whether
-    /// this failure made the object given up (the caller may owe a last write then).
+    /// Runs `work` for one object with the shared bookkeeping, unless the object is given up;
+    /// returns the action and how the attempt ended (the caller may owe a last write then).
     pub async fn track<E, F>(
         &self,
         handle: &Handle<'_>,
         tracked: &Tracked,
         span: Span,
         work: F,
-    ) -> (Result<Action, E>, bool)
+    ) -> (Result<Action, E>, Ending)
     where
         E: Failure,
         F: Future<Output = Result<Done, E>>,
@@ -188,7 +199,7 @@ impl Book {
         let ctx = handle.ctx();
         let (threshold, timeout, reason, action) = self.settings(ctx);
         if self.is_given_up(&tracked.key, tracked.fingerprint) {
-            return (Ok(Action::await_change()), false);
+            return (Ok(Action::await_change()), Ending::Skipped);
         }
         let reconciling = ctx.metrics.reconcile_started(self.queue, &tracked.key);
         let outcome = match tokio::time::timeout(timeout, work.instrument(span.clone())).await {
@@ -212,14 +223,14 @@ impl Book {
                         Done::RetryIn(wait) => Action::requeue(wait),
                         Done::Succeeded | Done::Nothing => Action::await_change(),
                     }),
-                    false,
+                    Ending::Ran,
                 );
             }
             Err(error) => error,
         };
         if error.gate().is_some() {
             tracing::debug!(parent: &span, %error, "not acting on this replica now");
-            return (Err(error), false);
+            return (Err(error), Ending::Ran);
         }
         let _entered = span.enter();
         tracing::warn!(%error, kind = error.label(), "reconcile failed");
@@ -230,7 +241,7 @@ impl Book {
             Operation::Delete { class } => ctx.metrics.delete_failed(class, error.label()),
         }
         if !error.counts() {
-            return (Err(error), false);
+            return (Err(error), Ending::Ran);
         }
         let failures = {
             let mut book = self.failures.lock().expect("lock");
@@ -241,7 +252,7 @@ impl Book {
             failures
         };
         if !decide::exceeded_threshold(failures, threshold) {
-            return (Err(error), false);
+            return (Err(error), Ending::Ran);
         }
         tracing::warn!(failures, "giving up");
         handle.event(
@@ -253,7 +264,7 @@ impl Book {
                 "Giving up after {failures} failed attempts (threshold {threshold}); the last error was: {error}. Change the object or restart the provisioner to retry."
             ),
         );
-        (Err(error), true)
+        (Err(error), Ending::GaveUp)
     }
 
     /// The requeue policy after a failed reconcile: the gate's own timing, nothing once given

@@ -1247,3 +1247,44 @@ async fn a_repeated_event_whose_first_is_gone_is_written_again() {
     publish();
     assert_eq!(counts().await, [4], "and counted on from there");
 }
+
+/// A claim given up while it still had a place in its class's queue (parked under an earlier
+/// spec, given up again under this one) passes the place on at its next reconcile: the claim
+/// parked behind it is woken for the next turn, not the given-up one, which would never take it.
+#[tokio::test]
+async fn a_given_up_claim_passes_its_place_in_the_queue_on() {
+    use kube::runtime::reflector::ObjectRef;
+    let mut world = World::new(settings(), "");
+    world.class(
+        "trapping",
+        json!({"fail": "trap"}),
+        json!({ANN_MAX_IN_FLIGHT: "1"}),
+    );
+    let pvc = world.claim(claim_of("data", "trapping", P));
+    for _ in 1..=3 {
+        world.provision(&pvc).await.expect_err("trap");
+    }
+    let mut wakeups = world.ctx.turns.wakeups();
+    let trapping = world.ctx.class("trapping").expect("class");
+    let plugins = world.ctx.plugins();
+    let guest = plugins.for_provisioner(P).expect("guest");
+    let slots = guest.grants().max_concurrency;
+    let place = |name: &str| {
+        world.ctx.turns.acquire_or_park(
+            &trapping,
+            guest.name(),
+            slots,
+            ObjectRef::new(name).within(NS),
+        )
+    };
+    let held = place("holder").expect("the class's one turn");
+    assert!(place("data").is_none() && place("next").is_none(), "parked");
+    world
+        .provision(&pvc)
+        .await
+        .expect("given up: nothing to do");
+    assert_eq!(world.ctx.turns.parked(), 1, "its place is gone");
+    drop(held);
+    let woken = wakeups.try_recv().ok().map(|claim| claim.name);
+    assert_eq!(woken.as_deref(), Some("next"));
+}

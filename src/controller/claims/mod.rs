@@ -26,7 +26,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::info_span;
 
-use super::bookkeeping::{Done, Operation, Tracked, busy_wait};
+use super::bookkeeping::{Done, Ending, Operation, Tracked, busy_wait};
 use super::decide::{self, FINALIZER_CLAIM, Serving};
 use super::events;
 use super::failures::fingerprint;
@@ -129,33 +129,33 @@ pub async fn reconcile(
         class = %class,
         guest = tracing::field::Empty,
     );
-    let fingerprint = claim_fingerprint(&pvc, &ctx);
-    if ctx.claim_book.is_given_up(&uid, fingerprint) {
-        // No attempt comes.
-        leave_queue(&ctx, &pvc);
-    }
     let tracked = Tracked {
         key: uid,
-        fingerprint,
+        fingerprint: claim_fingerprint(&pvc, &ctx),
         reference: pvc.object_ref(&()),
         operation: Operation::Provision {
             class,
             source: source_kind(&pvc),
         },
     };
-    let (result, given_up) = ctx
+    let (result, ending) = ctx
         .claim_book
         .track(&handle, &tracked, span.clone(), provision(&handle, &pvc))
         .await;
     if let Some(log) = &ctx.intents {
         claim_entry::settle(log, &tracked.key, attempt(&result));
     }
-    if given_up {
-        // No more attempts, so no more storage: the finalizer must not keep the claim forever.
-        let _entered = span.enter();
-        if let Err(error) = handle.release_claim::<ClaimError>(&pvc).await {
-            tracing::warn!(%error, "could not release the finalizer of a given-up claim");
+    match ending {
+        // No attempt comes: its place in the queue, or a turn kept for it, goes on.
+        Ending::Skipped => leave_queue(&ctx, &pvc),
+        Ending::GaveUp => {
+            // No more attempts, so no more storage: the finalizer must not keep the claim.
+            let _entered = span.enter();
+            if let Err(error) = handle.release_claim::<ClaimError>(&pvc).await {
+                tracing::warn!(%error, "could not release the finalizer of a given-up claim");
+            }
         }
+        Ending::Ran => {}
     }
     result
 }
