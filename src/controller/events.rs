@@ -94,20 +94,12 @@ struct Job {
     done: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
-enum Write {
-    Create {
-        namespace: String,
-        event: Box<Event>,
-    },
-    /// A repeat: the first event's count is patched, or, when that event is gone (its create
-    /// dropped from a full queue or failed, or its TTL passed), the repeat is created whole
-    /// under the series' name, as client-go's recorder does.
-    Count {
-        namespace: String,
-        name: String,
-        patch: serde_json::Value,
-        event: Box<Event>,
-    },
+/// One event to write. A repeat (`repeat`) patches the first event's count and time instead;
+/// when that event is gone (its create dropped from a full queue or failed, or its TTL passed),
+/// the repeat is created whole under the series' name, as client-go's recorder does.
+struct Write {
+    event: Box<Event>,
+    repeat: bool,
 }
 
 /// What the queue holds and has dropped, for flushing and for tests.
@@ -269,13 +261,12 @@ impl Recorder {
         if let Some(s) = series.get_mut(&key) {
             s.count += 1;
             let mut event = event;
+            event.metadata.namespace = Some(s.namespace.clone());
             event.metadata.name = Some(s.name.clone());
             event.count = Some(s.count);
-            return Write::Count {
-                namespace: s.namespace.clone(),
-                name: s.name.clone(),
-                patch: json!({ "count": s.count, "lastTimestamp": event.last_timestamp }),
+            return Write {
                 event: Box::new(event),
+                repeat: true,
             };
         }
         if series.len() < SERIES_CAPACITY {
@@ -289,9 +280,9 @@ impl Recorder {
                 },
             );
         }
-        Write::Create {
-            namespace,
+        Write {
             event: Box::new(event),
+            repeat: false,
         }
     }
 }
@@ -305,32 +296,7 @@ async fn write_events(
 ) {
     while let Some(job) = jobs.recv().await {
         budget.acquire().await;
-        let result = match job.write {
-            Write::Create { namespace, event } => {
-                Api::<Event>::namespaced(client.clone(), &namespace)
-                    .create(&PostParams::default(), &event)
-                    .await
-                    .map(|_| ())
-            }
-            Write::Count {
-                namespace,
-                name,
-                patch,
-                event,
-            } => {
-                let events = Api::<Event>::namespaced(client.clone(), &namespace);
-                match events
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                {
-                    Err(kube::Error::Api(status)) if status.is_not_found() => {
-                        events.create(&PostParams::default(), &event).await
-                    }
-                    patched => patched,
-                }
-                .map(|_| ())
-            }
-        };
+        let result = write(&client, job.write).await;
         if let Err(error) = result {
             tracing::warn!(%error, "could not publish event");
         }
@@ -341,6 +307,28 @@ async fn write_events(
             state.drained.notify_waiters();
         }
     }
+}
+
+/// Creates the event, or for a repeat patches the first one's count and time (creating the
+/// repeat whole when the first is gone).
+async fn write(client: &Client, Write { event, repeat }: Write) -> kube::Result<()> {
+    let namespace = event.metadata.namespace.as_deref().unwrap_or_default();
+    let events = Api::<Event>::namespaced(client.clone(), namespace);
+    if repeat {
+        let name = event.metadata.name.as_deref().unwrap_or_default();
+        let patch = json!({ "count": event.count, "lastTimestamp": event.last_timestamp });
+        match events
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Err(kube::Error::Api(status)) if status.is_not_found() => {}
+            patched => return patched.map(|_| ()),
+        }
+    }
+    events
+        .create(&PostParams::default(), &event)
+        .await
+        .map(|_| ())
 }
 
 /// Cuts `s` to at most `max` bytes (the API server counts bytes), ellipsis included.
