@@ -46,6 +46,14 @@ struct QueueLabels {
     name: String,
 }
 
+impl QueueLabels {
+    fn of(queue: Queue) -> QueueLabels {
+        QueueLabels {
+            name: queue.as_str().into(),
+        }
+    }
+}
+
 /// `controller`, `kind`: why a reconcile failed (the error's `label()`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
@@ -382,9 +390,7 @@ impl Metrics {
 
     /// A reconcile of `key` starts; the returned guard records its duration when dropped.
     pub fn reconcile_started(&self, queue: Queue, key: &str) -> ReconcileGuard {
-        let labels = QueueLabels {
-            name: queue.as_str().into(),
-        };
+        let labels = QueueLabels::of(queue);
         self.inner.queue_adds.get_or_create(&labels).inc();
         self.inner.in_flight.get_or_create(&labels).inc();
         let mut waiting = self.inner.waiting.lock().expect("metrics lock");
@@ -400,9 +406,7 @@ impl Metrics {
 
     /// A retry of `key` was scheduled after a failure.
     pub fn retry_scheduled(&self, queue: Queue, key: &str) {
-        let labels = QueueLabels {
-            name: queue.as_str().into(),
-        };
+        let labels = QueueLabels::of(queue);
         self.inner.queue_retries.get_or_create(&labels).inc();
         self.parked(queue, key);
     }
@@ -412,18 +416,17 @@ impl Metrics {
     pub fn parked(&self, queue: Queue, key: &str) {
         let mut waiting = self.inner.waiting.lock().expect("metrics lock");
         if waiting[queue as usize].insert(key.to_string()) {
-            let labels = QueueLabels {
-                name: queue.as_str().into(),
-            };
-            self.inner.queue_depth.get_or_create(&labels).inc();
+            self.inner
+                .queue_depth
+                .get_or_create(&QueueLabels::of(queue))
+                .inc();
         }
     }
 
-    /// Drops waiting retries of objects that no longer exist (their retry never comes).
-    pub fn retain_retries(&self, queue: Queue, alive: impl Fn(&str) -> bool) {
-        let labels = QueueLabels {
-            name: queue.as_str().into(),
-        };
+    /// Drops waiting keys (a retry, or parked) of objects that no longer exist: their next
+    /// reconcile never comes.
+    pub fn retain_waiting(&self, queue: Queue, alive: impl Fn(&str) -> bool) {
+        let labels = QueueLabels::of(queue);
         let mut waiting = self.inner.waiting.lock().expect("metrics lock");
         let before = waiting[queue as usize].len();
         waiting[queue as usize].retain(|key| alive(key));
@@ -443,9 +446,7 @@ impl Metrics {
 
     /// Retries scheduled in `queue` so far (`workqueue_retries_total`).
     pub fn retries(&self, queue: Queue) -> u64 {
-        let labels = QueueLabels {
-            name: queue.as_str().into(),
-        };
+        let labels = QueueLabels::of(queue);
         self.inner.queue_retries.get_or_create(&labels).get()
     }
 

@@ -287,8 +287,8 @@ impl Context {
         self.claim_book.retain(|uid| claims.contains(uid));
         self.volume_book.retain(|name| volumes.contains(name));
         self.metrics
-            .retain_retries(Queue::Claims, |uid| claims.contains(uid));
+            .retain_waiting(Queue::Claims, |uid| claims.contains(uid));
         self.metrics
-            .retain_retries(Queue::Volumes, |name| volumes.contains(name));
+            .retain_waiting(Queue::Volumes, |name| volumes.contains(name));
     }
 }
