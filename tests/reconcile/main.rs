@@ -25,6 +25,7 @@ use wasm_provisioner::controller::cache::{self, CachedVolume};
 use wasm_provisioner::controller::claims::{self, ClaimError};
 use wasm_provisioner::controller::decide::{ANN_CLASS_RECORD, FINALIZER_CLAIM, FINALIZER_PV};
 use wasm_provisioner::controller::gate::Mode;
+use wasm_provisioner::controller::inflight::Turn;
 use wasm_provisioner::controller::plan::ANN_MAX_IN_FLIGHT;
 use wasm_provisioner::controller::storage::intent::{Intent, IntentLog, Storage};
 use wasm_provisioner::controller::storage::volume_entry;
@@ -202,6 +203,19 @@ impl World {
             .get(&claim_path(name))
             .and_then(|c| serde_json::from_value(c["metadata"]["finalizers"].clone()).ok())
             .unwrap_or_default()
+    }
+
+    /// A turn of `class` for a claim named `name`, asked for as the claim path asks (`None`:
+    /// parked); tests hold a class's turns with it.
+    fn turn(&self, class: &str, name: &str) -> Option<Turn<'_>> {
+        let class = self.ctx.class(class).expect("class");
+        let plugins = self.ctx.plugins();
+        let guest = plugins.for_provisioner(P).expect("guest");
+        let slots = guest.grants().max_concurrency;
+        let claim = ObjectRef::new(name).within(NS);
+        self.ctx
+            .turns
+            .acquire_or_park(&class, guest.name(), slots, claim)
     }
 
     fn guest_calls(&self) -> String {
@@ -1018,18 +1032,8 @@ async fn a_claim_whose_class_has_no_turn_free_is_parked_without_a_call_and_woken
     claims::error_policy(retry.clone(), &error, world.ctx.clone());
     let mut wakeups = world.ctx.turns.wakeups();
     let stuck = world.ctx.class("stuck").expect("class");
-    let holder = |n: usize| ObjectRef::new(&format!("holder-{n}")).within("ns");
-    let plugins = world.ctx.plugins();
-    let guest = plugins.for_provisioner(P).expect("guest");
-    let slots = guest.grants().max_concurrency;
     let held: Vec<_> = (0..world.ctx.turns.limit(&stuck))
-        .map(|n| {
-            world
-                .ctx
-                .turns
-                .acquire_or_park(&stuck, guest.name(), slots, holder(n))
-                .expect("turn")
-        })
+        .map(|n| world.turn("stuck", &format!("holder-{n}")).expect("turn"))
         .collect();
     let (calls, requests) = (world.guest_calls(), world.api.requests().len());
     for pvc in [&retry, &first] {
@@ -1253,7 +1257,6 @@ async fn a_repeated_event_whose_first_is_gone_is_written_again() {
 /// parked behind it is woken for the next turn, not the given-up one, which would never take it.
 #[tokio::test]
 async fn a_given_up_claim_passes_its_place_in_the_queue_on() {
-    use kube::runtime::reflector::ObjectRef;
     let mut world = World::new(settings(), "");
     world.class(
         "trapping",
@@ -1265,20 +1268,13 @@ async fn a_given_up_claim_passes_its_place_in_the_queue_on() {
         world.provision(&pvc).await.expect_err("trap");
     }
     let mut wakeups = world.ctx.turns.wakeups();
-    let trapping = world.ctx.class("trapping").expect("class");
-    let plugins = world.ctx.plugins();
-    let guest = plugins.for_provisioner(P).expect("guest");
-    let slots = guest.grants().max_concurrency;
-    let place = |name: &str| {
-        world.ctx.turns.acquire_or_park(
-            &trapping,
-            guest.name(),
-            slots,
-            ObjectRef::new(name).within(NS),
-        )
-    };
-    let held = place("holder").expect("the class's one turn");
-    assert!(place("data").is_none() && place("next").is_none(), "parked");
+    let held = world
+        .turn("trapping", "holder")
+        .expect("the class's one turn");
+    assert!(
+        world.turn("trapping", "data").is_none() && world.turn("trapping", "next").is_none(),
+        "parked"
+    );
     world
         .provision(&pvc)
         .await
