@@ -40,8 +40,8 @@ struct ClassTurns {
     /// The class's own limit as last seen (its annotation can change).
     limit: usize,
     running: usize,
-    /// Parked claims, longest parked first; `is_parked` says which entries still are (a claim
-    /// forgotten by a refresh leaves its entry behind).
+    /// Parked claims, longest parked first, and the same claims as a set (a queue may hold
+    /// thousands; every reconcile asks whether its claim is in it).
     parked: VecDeque<ClaimRef>,
     is_parked: HashSet<ClaimRef>,
     /// Claims woken for a freed turn and not back yet: the turn is kept for them.
@@ -138,7 +138,16 @@ impl State {
             let Some(turns) = self.classes.get_mut(&class) else {
                 continue;
             };
-            turns.is_parked.retain(|claim| belongs(&class, claim));
+            let ClassTurns {
+                parked, is_parked, ..
+            } = turns;
+            parked.retain(|claim| {
+                let stays = belongs(&class, claim);
+                if !stays {
+                    is_parked.remove(claim);
+                }
+                stays
+            });
             let (mut gone, mut late) = (Vec::new(), Vec::new());
             for (claim, kept) in &mut turns.woken {
                 if !belongs(&class, claim) {
@@ -150,11 +159,6 @@ impl State {
             }
             late.sort_by_key(|(at, _)| *at);
             again.extend(late.into_iter().map(|(_, claim)| claim));
-            let ClassTurns {
-                parked, is_parked, ..
-            } = turns;
-            let mut seen = HashSet::new();
-            parked.retain(|claim| is_parked.contains(claim) && seen.insert(claim.clone()));
             for claim in &gone {
                 self.unkeep(&class, claim);
             }
@@ -277,18 +281,15 @@ impl State {
             return None;
         }
         let turns = self.classes.get_mut(class)?;
-        while let Some(claim) = turns.parked.pop_front() {
-            if turns.is_parked.remove(&claim) {
-                let guest = turns.guest.clone();
-                let kept = Kept {
-                    at: Instant::now(),
-                    guest: guest.clone(),
-                };
-                turns.woken.insert(claim.clone(), kept);
-                self.hold(&guest);
-                return Some(claim);
-            }
-        }
-        None
+        let claim = turns.parked.pop_front()?;
+        turns.is_parked.remove(&claim);
+        let guest = turns.guest.clone();
+        let kept = Kept {
+            at: Instant::now(),
+            guest: guest.clone(),
+        };
+        turns.woken.insert(claim.clone(), kept);
+        self.hold(&guest);
+        Some(claim)
     }
 }
