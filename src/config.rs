@@ -233,6 +233,11 @@ pub struct RunArgs {
     /// it, or past 60 CPU seconds, and the guest refused; docs/threat-model.md).
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(64..))]
     pub compile_memory_mib: u64,
+    /// The kubelet's directory as this process sees it: a read-write grant directory on its
+    /// filesystem (or on that of `/` or the container runtime's) loads with a warning
+    /// (docs/threat-model.md, "Disk"). In a container the kubelet's own mounts tell it too.
+    #[arg(long, env = "KUBELET_DIR", default_value = crate::wasm::nodefs::DEFAULT_KUBELET_DIR)]
+    pub kubelet_dir: PathBuf,
     /// Full rescan of the plugins directory this often, on top of file-change events.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub plugins_rescan_interval: Duration,

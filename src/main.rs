@@ -24,18 +24,25 @@ async fn run_command() -> std::process::ExitCode {
     telemetry::init(cli.log_format);
     let result = match cli.command {
         Command::Run(args) => run::run(*args).await.map(|()| String::new()),
-        Command::Inspect { file } => offline::inspect(&file),
+        Command::Inspect { file, compile } => offline::inspect(&file, compile.limits()),
         Command::Provision(args) => {
             offline::provision(
                 &args.plugins,
                 &args.class,
                 &args.claim,
                 args.node.as_deref(),
+                args.compile.limits(),
             )
             .await
         }
         Command::Delete(args) => {
-            offline::delete(&args.plugins, &args.volume, args.class.as_deref()).await
+            offline::delete(
+                &args.plugins,
+                &args.volume,
+                args.class.as_deref(),
+                args.compile.limits(),
+            )
+            .await
         }
         Command::ReleaseFinalizers(args) => release(args).await,
         Command::ForgetStorage(args) => forget(args).await,

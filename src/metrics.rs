@@ -137,6 +137,7 @@ struct Inner {
     in_flight: Family<QueueLabels, Gauge>,
     leader: Family<LeaderLabels, Gauge>,
     guests_loaded: Gauge,
+    guests_compiling: Gauge,
     guest_calls: Family<CallLabels, Counter>,
     guest_call_duration: Family<CallDurationLabels, Histogram, fn() -> Histogram>,
     guest_faults: Family<FaultLabels, Counter>,
@@ -250,6 +251,7 @@ impl Metrics {
         let reconcile_errors = Family::<ErrorLabels, Counter>::default();
         let in_flight = Family::<QueueLabels, Gauge>::default();
         let guests_loaded = Gauge::default();
+        let guests_compiling = Gauge::default();
         let guest_calls = Family::<CallLabels, Counter>::default();
         let guest_call_duration =
             Family::<CallDurationLabels, Histogram, fn() -> Histogram>::new_with_constructor(
@@ -273,6 +275,11 @@ impl Metrics {
                 "guests_loaded",
                 "Guests loaded from the plugins directory.",
                 guests_loaded.clone(),
+            );
+            own.register(
+                "guests_compiling",
+                "Modules of the plugins directory waiting for their compile in the background (neither served nor refused yet).",
+                guests_compiling.clone(),
             );
             own.register(
                 "guest_calls",
@@ -312,6 +319,7 @@ impl Metrics {
                 in_flight,
                 leader,
                 guests_loaded,
+                guests_compiling,
                 guest_calls,
                 guest_call_duration,
                 guest_faults,
@@ -485,6 +493,13 @@ impl Metrics {
     pub fn guests_loaded(&self, count: usize) {
         self.inner
             .guests_loaded
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// How many modules wait for their compile (set on load and reload).
+    pub fn guests_compiling(&self, count: usize) {
+        self.inner
+            .guests_compiling
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 

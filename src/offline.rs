@@ -1,7 +1,8 @@
 //! Offline commands for guest authors and operators: `inspect`, `provision`, `delete`.
 //!
 //! They run guests exactly as the controller does (same grants, limits and validation) on YAML
-//! files, without a cluster.
+//! files, without a cluster; and compile them as it does, in the compiler child under the same
+//! limits (`inspect` is what an operator runs on a module not trusted yet).
 
 use std::path::Path;
 
@@ -12,13 +13,23 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use crate::controller::convert::PvIdentity;
 use crate::controller::decide;
 use crate::controller::storage::{self, Deleted, Qualified};
+use crate::wasm::compiler::CompileLimits;
 use crate::wasm::contract::ContractInfo;
 use crate::wasm::runtime::hook_names;
-use crate::wasm::{Grants, Plugins, WasmEngine, load_dir};
+use crate::wasm::{EngineOptions, Grants, Plugins, WasmEngine, load_dir};
+
+/// The engine of the offline commands: `run`'s, compiling in the child under `compiler`.
+fn engine(compiler: Option<CompileLimits>) -> anyhow::Result<WasmEngine> {
+    Ok(WasmEngine::with_options(&EngineOptions {
+        compiler,
+        ..EngineOptions::default()
+    })?)
+}
 
 /// `inspect FILE`: prints what the guest implements; fails when this host cannot run it.
-pub fn inspect(file: &Path) -> anyhow::Result<String> {
-    let engine = WasmEngine::new()?;
+/// Compiles once, in the child under `compiler`.
+pub fn inspect(file: &Path, compiler: Option<CompileLimits>) -> anyhow::Result<String> {
+    let engine = engine(compiler)?;
     let (component, sha256) = engine.compile(file)?;
     let info = ContractInfo::of(engine.engine(), &component);
     let mut out = String::new();
@@ -53,7 +64,8 @@ pub fn inspect(file: &Path) -> anyhow::Result<String> {
         crate::wasm::bindings::PACKAGE_VERSION
     ));
     let grants = Grants::parse("provisioner = \"inspect\"", Path::new("."))?;
-    match engine.load("inspect", file, grants) {
+    let display = file.display().to_string();
+    match engine.load_compiled("inspect", &display, component, &sha256, true, grants) {
         Ok(_) => {
             out.push_str("runnable:  yes\n");
             Ok(out)
@@ -72,8 +84,8 @@ fn read_yaml<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> anyhow:
         .with_context(|| format!("{} is not a valid {what} manifest", path.display()))
 }
 
-fn load_plugins(dir: &Path) -> anyhow::Result<Plugins> {
-    let engine = WasmEngine::new()?;
+fn load_plugins(dir: &Path, compiler: Option<CompileLimits>) -> anyhow::Result<Plugins> {
+    let engine = engine(compiler)?;
     let plugins = load_dir(&engine, dir)?;
     for problem in &plugins.problems {
         eprintln!("skipped {problem}");
@@ -96,6 +108,7 @@ pub async fn provision(
     class_path: &Path,
     claim_path: &Path,
     node: Option<&str>,
+    compiler: Option<CompileLimits>,
 ) -> anyhow::Result<String> {
     let class: StorageClass = read_yaml(class_path, "StorageClass")?;
     let mut claim: PersistentVolumeClaim = read_yaml(claim_path, "PersistentVolumeClaim")?;
@@ -115,7 +128,7 @@ pub async fn provision(
     if let Some(node) = node {
         annotations.insert(decide::ANN_SELECTED_NODE.to_string(), node.to_string());
     }
-    let plugins = load_plugins(plugins_dir)?;
+    let plugins = load_plugins(plugins_dir, compiler)?;
     let guest = plugins
         .for_provisioner(&class.provisioner)
         .with_context(|| {
@@ -155,6 +168,7 @@ pub async fn delete(
     plugins_dir: &Path,
     volume_path: &Path,
     class_path: Option<&Path>,
+    compiler: Option<CompileLimits>,
 ) -> anyhow::Result<String> {
     let pv: PersistentVolume = read_yaml(volume_path, "PersistentVolume")?;
     let class: Option<StorageClass> = class_path
@@ -168,7 +182,7 @@ pub async fn delete(
             )
         })?
         .to_string();
-    let plugins = load_plugins(plugins_dir)?;
+    let plugins = load_plugins(plugins_dir, compiler)?;
     let guest = plugins.for_provisioner(&provisioner).with_context(|| {
         format!(
             "no loaded guest serves provisioner {provisioner:?} (served: {})",

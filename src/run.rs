@@ -44,30 +44,26 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(cache) = engine.module_cache() {
         cache.check_separate_from(&args.plugins)?;
     }
-    let mut loader = Loader::new(engine.clone(), args.plugins.clone());
+    // The first scan compiles nothing: guests in the module cache serve at once, the rest are
+    // compiled in the background (one at a time) and serve as each is ready.
+    let mut loader = Loader::new(engine.clone(), args.plugins.clone())
+        .compiling_in_background()
+        .context("cannot start the compiler thread")?;
     let (loader, scan) = tokio::task::spawn_blocking(move || {
         let scan = loader.scan();
         (loader, scan)
     })
     .await?;
     let plugins = scan?.plugins;
-    let cache = engine.module_cache().map(|c| {
-        use std::sync::atomic::Ordering::Relaxed;
-        (
-            c.stats.hits.load(Relaxed),
-            c.stats.misses.load(Relaxed) + c.stats.stale.load(Relaxed),
-        )
-    });
     tracing::info!(
         guests = plugins.len(),
-        problems = plugins.problems.len(),
-        ready_ms = started.elapsed().as_millis() as u64,
-        pooling = engine.pooling(),
-        cache_hits = cache.map(|c| c.0),
-        cache_misses = cache.map(|c| c.1),
-        "plugins ready"
+        compiling = plugins.compiling(),
+        serving_ms = started.elapsed().as_millis() as u64,
+        "plugins serving"
     );
-    if plugins.is_empty() {
+    let mut tried = PluginsTried::new(started, engine.clone());
+    tried.note(&plugins);
+    if plugins.is_empty() && plugins.compiling() == 0 {
         tracing::warn!(dir = %args.plugins.display(), "no guest loaded yet; the directory is watched");
     }
     let stats = loader.stats();
@@ -80,6 +76,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let reload_metrics = metrics.clone();
     let _watcher = reload::watch(loader, args.watch_options(), move |plugins| {
         reload_metrics.plugin_counts(plugin_totals());
+        tried.note(&plugins);
         let _ = plugins_tx.send(plugins);
     })
     .context("cannot start watching the plugins directory")?;
@@ -92,6 +89,50 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         shutdown_signal(),
     )
     .await
+}
+
+/// Logs `plugins ready` once every module found at start was tried once (served or refused),
+/// however long the slowest compile took: `ready_ms` is the time to that point, and the guests
+/// served before it did not wait for it.
+struct PluginsTried {
+    started: Instant,
+    engine: WasmEngine,
+    logged: bool,
+}
+
+impl PluginsTried {
+    fn new(started: Instant, engine: WasmEngine) -> PluginsTried {
+        PluginsTried {
+            started,
+            engine,
+            logged: false,
+        }
+    }
+
+    fn note(&mut self, plugins: &crate::wasm::Plugins) {
+        if self.logged || plugins.compiling() > 0 {
+            return;
+        }
+        self.logged = true;
+        let cache = self.engine.module_cache().map(|c| {
+            use std::sync::atomic::Ordering::Relaxed;
+            (
+                c.stats.hits.load(Relaxed),
+                c.stats.misses.load(Relaxed) + c.stats.stale.load(Relaxed),
+                c.stats.refusal_hits.load(Relaxed),
+            )
+        });
+        tracing::info!(
+            guests = plugins.len(),
+            problems = plugins.problems.len(),
+            ready_ms = self.started.elapsed().as_millis() as u64,
+            pooling = self.engine.pooling(),
+            cache_hits = cache.map(|c| c.0),
+            cache_misses = cache.map(|c| c.1),
+            refused_before = cache.map(|c| c.2),
+            "plugins ready"
+        );
+    }
 }
 
 async fn shutdown_signal() {

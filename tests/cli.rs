@@ -58,6 +58,67 @@ fn inspect_rejects_other_contract_versions_and_garbage() {
     );
 }
 
+/// Runs `wasm-provisioner ARGS` with `env` and samples its own peak resident memory (`VmHWM` of
+/// its /proc entry, every 5 ms until it exits): the process alone, never its children (wait4's
+/// `ru_maxrss` would fold in a reaped compile child's). Output and peak MiB.
+fn run_sampling_peak(args: &[&str], env: &[(&str, &str)]) -> (Output, u64) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"))
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run wasm-provisioner");
+    let status = format!("/proc/{}/status", child.id());
+    let mut peak_kib = 0;
+    while child.try_wait().expect("wait").is_none() {
+        let kib = std::fs::read_to_string(&status)
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        peak_kib = peak_kib.max(kib);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    (child.wait_with_output().expect("output"), peak_kib / 1024)
+}
+
+/// `inspect` is what an operator runs on a module before trusting it: it compiles in the same
+/// child, under the same limits, as `run` (here the limits of a 512 MiB pod, from the flags'
+/// environment variables), so a compile bomb costs the child, not the operator's process.
+#[test]
+fn inspect_compiles_in_the_child_under_the_run_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("garbage.wasm");
+    std::fs::write(&garbage, b"not wasm at all").unwrap();
+    let bomb = dir.path().join("bomb.wasm");
+    std::fs::write(&bomb, compile_bomb(2, 2_000, 100_000)).unwrap();
+    let limits = [
+        ("WP_COMPILE_MEMORY_MIB", "384"),
+        ("WP_COMPILE_CPU_SECONDS", "2"),
+    ];
+    let (_, base) = run_sampling_peak(&["inspect", garbage.to_str().unwrap()], &limits);
+    let started = std::time::Instant::now();
+    let (out, peak) = run_sampling_peak(&["inspect", bomb.to_str().unwrap()], &limits);
+    let took = started.elapsed();
+    let stderr = text(&out.stderr);
+    println!(
+        "inspect of a {} KiB compile bomb: {took:?}, the inspect process' peak {peak} MiB (without compiling: {base} MiB); {}",
+        std::fs::metadata(&bomb).unwrap().len() / 1024,
+        stderr.trim()
+    );
+    assert!(!out.status.success(), "the bomb is not runnable");
+    assert!(
+        stderr.contains("compiler process"),
+        "refused by the compile child: {stderr}"
+    );
+    assert!(
+        peak <= base + 32,
+        "the inspect process grew from {base} to {peak} MiB"
+    );
+}
+
 fn write(dir: &Path, name: &str, body: &str) -> String {
     let path = dir.join(name);
     std::fs::write(&path, body).unwrap();

@@ -245,6 +245,7 @@ impl Context {
     /// Replaces the set of guests; calls in flight keep the set they started with.
     pub fn set_plugins(&self, plugins: Arc<Plugins>) {
         self.metrics.guests_loaded(plugins.len());
+        self.metrics.guests_compiling(plugins.compiling());
         *self.plugins.write().expect("plugins lock") = plugins;
     }
 

@@ -4,6 +4,12 @@
 //! Loading native code is running it, so an entry is only ever one we wrote, is checked against
 //! the SHA-256 stored in front of it before wasmtime sees it, and anything wrong with it (stale
 //! engine, truncated, corrupt, unreadable) is a miss that recompiles, never a failure.
+//!
+//! Modules refused (they did not compile within the child's limits, or do not link) are
+//! remembered here too, by SHA-256, in `refused/`: a small record each, at most
+//! [`REFUSALS_KEPT`], keyed by the engine's fingerprint, this binary's version and the compile
+//! limits, so a restart does not compile them again and an upgrade or other limits do. A record
+//! that is unreadable, corrupt or for another key is a miss, never a failure.
 
 use std::hash::Hasher;
 use std::io::Write;
@@ -49,7 +55,19 @@ pub struct CacheStats {
     pub stale: AtomicU64,
     /// Entries that could not be written (the module still loads).
     pub write_errors: AtomicU64,
+    /// Modules found refused before by a record in `refused/` (not compiled again).
+    pub refusal_hits: AtomicU64,
 }
+
+/// Refusal records kept at most: the oldest goes when one more is written.
+pub const REFUSALS_KEPT: usize = 256;
+
+/// Bytes of a refusal's reason kept in its record (so `refused/` stays under
+/// [`REFUSALS_KEPT`] x ~1.2 KiB).
+const REFUSAL_REASON_BYTES: usize = 1024;
+
+/// The first line after a refusal record's checksum.
+const REFUSAL_HEADER: &str = "wasm-provisioner refusal 1";
 
 /// The on-disk cache.
 #[derive(Debug)]
@@ -117,6 +135,71 @@ impl ModuleCache {
         Ok(())
     }
 
+    /// Why a module with this SHA-256 was refused by this engine under compile limits `limits`
+    /// ([`super::compiler::CompileLimits::key`]), when a sound record says it was.
+    pub fn refusal(&self, wasm_sha256: &str, limits: &str) -> Option<String> {
+        let (path, key) = self.refusal_entry(wasm_sha256, limits);
+        let text = std::fs::read(&path).ok()?;
+        let sound = std::str::from_utf8(&text)
+            .ok()
+            .and_then(|text| text.split_once('\n'))
+            .filter(|(digest, body)| hex::encode(Sha256::digest(body.as_bytes())) == *digest)
+            .and_then(|(_, body)| body.strip_prefix(REFUSAL_HEADER)?.strip_prefix('\n'))
+            .and_then(|body| body.split_once('\n'))
+            .filter(|(line, _)| line.strip_prefix("key ") == Some(key.as_str()))
+            .map(|(_, reason)| reason.to_string());
+        match sound {
+            Some(reason) => {
+                self.stats.refusal_hits.fetch_add(1, Ordering::Relaxed);
+                Some(reason)
+            }
+            None => {
+                tracing::warn!(record = %path.display(), "refusal record unreadable or for another key; the module is compiled again");
+                None
+            }
+        }
+    }
+
+    /// Records that a module was refused (temporary file, then rename), forgetting the oldest
+    /// records past [`REFUSALS_KEPT`]. A failure is logged, never fatal: the module is then
+    /// compiled again at the next start.
+    pub fn put_refusal(&self, wasm_sha256: &str, limits: &str, reason: &str) {
+        let (path, key) = self.refusal_entry(wasm_sha256, limits);
+        let mut end = reason.len().min(REFUSAL_REASON_BYTES);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        let body = format!("{REFUSAL_HEADER}\nkey {key}\n{}", &reason[..end]);
+        let record = format!("{}\n{body}", hex::encode(Sha256::digest(body.as_bytes())));
+        let dir = self.dir.join("refused");
+        let result = std::fs::create_dir_all(&dir)
+            .and_then(|()| forget_oldest(&dir, REFUSALS_KEPT - 1))
+            .and_then(|()| {
+                let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+                std::fs::write(&tmp, record)
+                    .and_then(|()| std::fs::rename(&tmp, &path))
+                    .inspect_err(|_| {
+                        let _ = std::fs::remove_file(&tmp);
+                    })
+            });
+        if let Err(error) = result {
+            self.stats.write_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(record = %path.display(), %error, "cannot write refusal record");
+        }
+    }
+
+    /// The record's path and the key written in it: the module, this engine, this binary's
+    /// version and the compile limits.
+    fn refusal_entry(&self, wasm_sha256: &str, limits: &str) -> (PathBuf, String) {
+        let key = format!("{wasm_sha256} {} {limits}", self.engine_key);
+        let short = hex::encode(&Sha256::digest(key.as_bytes())[..12]);
+        let path = self
+            .dir
+            .join("refused")
+            .join(format!("{wasm_sha256}-{short}.refused"));
+        (path, key)
+    }
+
     fn entry(&self, wasm_sha256: &str) -> PathBuf {
         self.dir
             .join(format!("{wasm_sha256}-{}.cwasm", self.engine_key))
@@ -180,6 +263,22 @@ impl ModuleCache {
     }
 }
 
+/// Removes the oldest entries of `dir` (by modification time) until at most `keep` are left.
+fn forget_oldest(dir: &Path, keep: usize) -> std::io::Result<()> {
+    let mut entries: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    if entries.len() <= keep {
+        return Ok(());
+    }
+    entries.sort();
+    for (_, path) in &entries[..entries.len() - keep] {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
 /// Turns a cache entry back into a component.
 #[expect(
     unsafe_code,
@@ -213,6 +312,51 @@ mod tests {
         config.epoch_interruption(true);
         let c = Engine::new(&config).unwrap();
         assert_ne!(engine_fingerprint(&a), engine_fingerprint(&c));
+    }
+
+    #[test]
+    fn refusals_are_kept_by_key_bounded_and_a_bad_record_is_a_miss() {
+        let root = tempfile::tempdir().unwrap();
+        let engine = Engine::default();
+        let cache = ModuleCache::open(root.path(), &engine).unwrap();
+        let sha = "ab".repeat(32);
+        assert_eq!(cache.refusal(&sha, "limits-a"), None);
+        cache.put_refusal(&sha, "limits-a", &"x".repeat(5000));
+        let reason = cache.refusal(&sha, "limits-a").expect("recorded");
+        assert_eq!(reason.len(), REFUSAL_REASON_BYTES, "the reason is capped");
+        // Other limits, or another engine, compile again.
+        assert_eq!(cache.refusal(&sha, "limits-b"), None);
+        let mut config = wasmtime::Config::new();
+        config.epoch_interruption(true);
+        let other = ModuleCache::open(root.path(), &Engine::new(&config).unwrap()).unwrap();
+        assert_eq!(other.refusal(&sha, "limits-a"), None);
+        // A corrupt or truncated record is a miss.
+        let record = std::fs::read_dir(root.path().join("refused"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let mut bytes = std::fs::read(&record).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&record, &bytes).unwrap();
+        assert_eq!(cache.refusal(&sha, "limits-a"), None);
+        std::fs::write(&record, b"\xff\xfe").unwrap();
+        assert_eq!(cache.refusal(&sha, "limits-a"), None);
+        // At most REFUSALS_KEPT records.
+        for i in 0..REFUSALS_KEPT + 10 {
+            cache.put_refusal(&format!("{i:064}"), "limits-a", "refused");
+        }
+        let kept = std::fs::read_dir(root.path().join("refused"))
+            .unwrap()
+            .count();
+        assert_eq!(kept, REFUSALS_KEPT);
+        assert!(
+            cache
+                .refusal(&format!("{:064}", REFUSALS_KEPT + 9), "limits-a")
+                .is_some()
+        );
     }
 
     #[test]

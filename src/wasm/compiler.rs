@@ -4,14 +4,19 @@
 //! ```text
 //! .wasm bytes ─ larger than MAX_MODULE_BYTES? ─▶ refused
 //!             ─ refused before (same SHA-256)? ─▶ refused again, not compiled
-//!             ─▶ `wasm-provisioner compile-guest` (RLIMIT_AS, RLIMIT_CPU; killed at the timeout)
+//!             ─▶ `wasm-provisioner compile-guest` (RLIMIT_AS, RLIMIT_CPU, SCHED_IDLE and nice
+//!                  19, one compiler thread; killed at the timeout)
 //!                  stdin: the component, stdout: wasmtime's artifact ─▶ deserialized here
 //! ```
 //!
 //! Why: a small module with huge function bodies (a "compile bomb": 613 KiB, ~10 s and 1.8 GiB
 //! to compile) took the whole process down at load, and a hot-reload rescan compiled a refused
 //! bomb again every time. In a child, only the child dies, and it is the OOM killer's first
-//! choice (`oom_score_adj` 1000) when the container's memory runs out while it compiles.
+//! choice (`oom_score_adj` 1000) when the container's memory runs out while it compiles. It
+//! runs at `SCHED_IDLE` (and nice 19 where that is refused) with wasmtime's parallel compilation
+//! off: it takes at most one CPU, and only CPU time nothing else wants. `run` compiles in the
+//! background, one module at a time ([`super::compile_queue`]); `inspect` and the other offline
+//! commands compile in the same child under the same limits.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -48,6 +53,18 @@ impl CompileLimits {
             timeout: Duration::from_secs(120),
         })
     }
+
+    /// What a refusal under these limits depends on, for its record: other limits (or another
+    /// version of this binary) compile the module again.
+    pub fn key(&self) -> String {
+        format!(
+            "child-{}-as{}-cpu{}-t{}",
+            env!("CARGO_PKG_VERSION"),
+            self.memory_mib,
+            self.cpu_seconds,
+            self.timeout.as_secs()
+        )
+    }
 }
 
 /// Why the child produced no artifact.
@@ -70,10 +87,19 @@ pub enum CompileError {
     Failed(String),
 }
 
+impl CompileError {
+    /// Whether the same bytes under the same limits would fail again: not when the child could
+    /// not be run, nor when it ran out of wall-clock time (a busy node slows it, and at
+    /// `SCHED_IDLE` it only gets idle CPU). Only such refusals are recorded on disk.
+    pub fn is_lasting(&self) -> bool {
+        matches!(self, CompileError::Failed(_))
+    }
+}
+
 /// Compiles `bytes` in a child under `limits`; wasmtime's serialized artifact.
 pub fn compile_in_child(limits: &CompileLimits, bytes: &[u8]) -> Result<Vec<u8>, CompileError> {
     let mut command = Command::new(&limits.program);
-    first_to_go_when_memory_runs_out(&mut command);
+    first_to_go_and_last_to_run(&mut command);
     let mut child = command
         .arg("compile-guest")
         .arg("--memory-mib")
@@ -163,13 +189,17 @@ fn read_capped(from: &mut impl Read, cap: usize) -> std::io::Result<Option<Vec<u
 /// default, which is the controller). Set before `exec`, not by the child itself: its start-up
 /// (loading, the runtime, parsing its arguments) allocates before its first line runs, and an
 /// OOM in that window would go by size. Raising a score needs no privilege.
-fn first_to_go_when_memory_runs_out(command: &mut Command) {
+///
+/// The child also gives up the CPU to everything else: `SCHED_IDLE` (it runs only when a CPU has
+/// nothing else to run), and nice 19 in case that policy is refused. Lowering one's own priority
+/// needs no privilege either; neither failing stops the compile.
+fn first_to_go_and_last_to_run(command: &mut Command) {
     use rustix::fs::{Mode, OFlags};
     use std::os::unix::process::CommandExt;
     #[allow(unsafe_code)]
     // SAFETY: the closure runs between fork and exec, where only async-signal-safe work is
-    // allowed: rustix's open of a static C string and write of a static buffer allocate
-    // nothing and take no lock.
+    // allowed: rustix's open of a static C string and write of a static buffer, setpriority
+    // and sched_setscheduler are system calls that allocate nothing and take no lock.
     unsafe {
         command.pre_exec(|| {
             let fd = rustix::fs::open(
@@ -178,6 +208,10 @@ fn first_to_go_when_memory_runs_out(command: &mut Command) {
                 Mode::empty(),
             )?;
             rustix::io::write(&fd, b"1000")?;
+            let _ = rustix::process::setpriority_process(None, 19);
+            let idle = libc::sched_param { sched_priority: 0 };
+            // SAFETY (as above): one system call on a stack value.
+            let _ = libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle);
             Ok(())
         });
     }

@@ -20,6 +20,7 @@ use super::executor::{ExecutorOptions, GuestExecutor};
 use super::grants::Grants;
 use super::guest::Guest;
 use super::host::GuestState;
+use super::nodefs::{DEFAULT_KUBELET_DIR, NodeFilesystems};
 use crate::metrics::Metrics;
 
 /// How often the epoch ticks; deadlines are checked against the wall clock on each tick.
@@ -162,6 +163,8 @@ pub struct WasmEngine {
     /// Modules that failed to compile, by SHA-256, with why: not compiled again until they
     /// change (a hot-reload rescan would otherwise compile a refused bomb every time).
     refused: Arc<Mutex<HashMap<String, String>>>,
+    /// The node's own filesystems: a read-write grant on one loads with a warning.
+    node_filesystems: Arc<NodeFilesystems>,
 }
 
 /// Refused modules remembered at most (a directory full of distinct bad files cannot grow the
@@ -271,6 +274,7 @@ impl WasmEngine {
             executor,
             compiler: options.compiler.clone(),
             refused: Arc::default(),
+            node_filesystems: Arc::new(NodeFilesystems::probe(Path::new(DEFAULT_KUBELET_DIR))),
         })
     }
 
@@ -287,6 +291,13 @@ impl WasmEngine {
     /// Guests loaded from now on record their calls in `metrics`.
     pub fn with_metrics(mut self, metrics: Metrics) -> WasmEngine {
         self.metrics = Some(metrics);
+        self
+    }
+
+    /// Guests loaded from now on are checked against these filesystems of the node (by
+    /// default `/`, `/var/lib/kubelet` and the runtimes', as this process sees them).
+    pub fn with_node_filesystems(mut self, node: NodeFilesystems) -> WasmEngine {
+        self.node_filesystems = Arc::new(node);
         self
     }
 
@@ -400,6 +411,14 @@ impl WasmEngine {
                 self.pool_ledger
                     .reserve(name, guest.grants.max_concurrency, guest.pool_units)?;
             guest.pool_reservation = Some(Arc::new(reservation));
+        }
+        // Loud, not refused: the operator may know the disk is sized for it.
+        for warning in self.node_filesystems.warnings(&guest.grants) {
+            let file = display.as_str();
+            tracing::warn!(guest = name, file, "{warning}");
+            if let Some(metrics) = &self.metrics {
+                metrics.plugin_warning(name, super::nodefs::WARNING_LABEL);
+            }
         }
         Ok(guest)
     }

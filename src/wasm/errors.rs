@@ -149,6 +149,26 @@ pub enum CallError {
     },
 }
 
+impl CallError {
+    /// The guest's typed error as it enters the host, its text made [`printable`] once here:
+    /// every log line, event and condition built from it later (a transient or reschedule
+    /// message goes into an event as it is) is safe to show.
+    pub(super) fn guest(guest: &str, error: ProvisionError) -> CallError {
+        let escape = |m: String| printable(&m).into_owned();
+        let error = match error {
+            ProvisionError::Final(m) => ProvisionError::Final(escape(m)),
+            ProvisionError::Transient(m) => ProvisionError::Transient(escape(m)),
+            ProvisionError::Ignored(m) => ProvisionError::Ignored(escape(m)),
+            ProvisionError::Reschedule(m) => ProvisionError::Reschedule(escape(m)),
+            ProvisionError::InBackground(m) => ProvisionError::InBackground(escape(m)),
+        };
+        CallError::Guest {
+            guest: guest.to_string(),
+            error,
+        }
+    }
+}
+
 pub(super) fn describe_guest_error(error: &ProvisionError) -> String {
     match error {
         ProvisionError::Final(m) => format!("a final error: {}", printable(m)),

@@ -19,7 +19,7 @@ const LOCAL_TYPES: &[&str] = &[
 ];
 
 /// One line of `/proc/self/mountinfo`: where it is mounted and the filesystem type.
-fn mount_of(line: &str) -> Option<(PathBuf, &str)> {
+pub(super) fn mount_of(line: &str) -> Option<(PathBuf, &str)> {
     let (before, after) = line.split_once(" - ")?;
     let point = before.split(' ').nth(4)?;
     let fstype = after.split(' ').next()?;

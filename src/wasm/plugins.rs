@@ -53,6 +53,7 @@ pub struct Plugins {
     /// Files that were skipped, with reasons.
     pub problems: Vec<PluginProblem>,
     unavailable: BTreeMap<String, String>,
+    compiling: usize,
 }
 
 impl Plugins {
@@ -67,7 +68,20 @@ impl Plugins {
             guests,
             problems,
             unavailable,
+            compiling: 0,
         }
+    }
+
+    /// The same set, noting `modules` still compiling in the background.
+    pub fn with_compiling(mut self, modules: usize) -> Plugins {
+        self.compiling = modules;
+        self
+    }
+
+    /// Modules of the plugins directory still waiting for their compile (not yet served nor
+    /// refused): 0 once every module present was tried.
+    pub fn compiling(&self) -> usize {
+        self.compiling
     }
 
     /// The guest serving a StorageClass `provisioner` value.

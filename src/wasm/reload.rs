@@ -12,8 +12,14 @@
 //! flight hold their own `Arc<Guest>` and finish on the version they started with. Kubernetes
 //! ConfigMap/Secret volumes swap a `..data` symlink; that is an event in the directory too, and
 //! files are compared by content, never by timestamp.
+//!
+//! With [`Loader::compiling_in_background`] (as `run` loads), a scan never compiles: a module
+//! neither in the module cache nor refused before goes to the [`CompileQueue`], the scan serves
+//! every guest that is ready, and the compile's end brings the next scan, which loads it. A
+//! module still compiling keeps the version it replaces serving; a new one's provisioner name
+//! is unavailable meanwhile (its claims wait).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
+use super::compile_queue::{CompileQueue, Compiled};
 use super::grants::Grants;
 use super::plugins::{PluginDirError, PluginProblem, Plugins};
 use super::runtime::{Guest, WasmEngine};
@@ -87,6 +94,22 @@ pub struct Loader {
     /// (provisioner, guest identity) served after the last scan, to tell whether a scan changed anything.
     served_ptrs: BTreeSet<(String, usize)>,
     stats: Arc<PluginStats>,
+    /// Compiles modules off the scan, when loading in the background.
+    queue: Option<CompileQueue>,
+    /// Modules compiling after the last scan (file → provisioner), and their count as last
+    /// reported.
+    compiling: BTreeMap<String, String>,
+    last_compiling: usize,
+}
+
+/// What one `NAME.wasm` came to in a scan.
+enum Loaded {
+    /// The module and its grant file are unchanged since the last scan.
+    Unchanged,
+    /// Loaded now.
+    New(Entry),
+    /// Waiting for its compile in the background.
+    Compiling { provisioner: String, sha256: String },
 }
 
 /// The result of one scan.
@@ -113,7 +136,23 @@ impl Loader {
             last_problems: Vec::new(),
             served_ptrs: BTreeSet::new(),
             stats: Arc::default(),
+            queue: None,
+            compiling: BTreeMap::new(),
+            last_compiling: 0,
         }
+    }
+
+    /// Scans never compile from now on: modules to compile go to a [`CompileQueue`] (one at a
+    /// time, smallest first) and load at the scan after their compile ends ([`watch`] scans
+    /// as soon as one does). Each guest serves as soon as its own module is ready.
+    pub fn compiling_in_background(mut self) -> std::io::Result<Loader> {
+        self.queue = Some(CompileQueue::start(self.engine.clone())?);
+        Ok(self)
+    }
+
+    /// Modules waiting for their compile or compiling (0 without background compiles).
+    pub fn compiling(&self) -> usize {
+        self.queue.as_ref().map_or(0, CompileQueue::pending)
     }
 
     /// The counters, shared.
@@ -132,6 +171,8 @@ impl Loader {
         let listing = super::plugins::list_dir(&self.dir)?;
         let mut problems = listing.problems;
         let mut kept: BTreeMap<String, Entry> = BTreeMap::new();
+        let mut compiling = BTreeMap::new();
+        let mut compiling_shas = HashSet::new();
         for wasm in &listing.wasm_files {
             let name = wasm
                 .file_stem()
@@ -140,11 +181,22 @@ impl Loader {
                 .to_string();
             let previous = self.entries.remove(&name);
             match self.load_one(&name, wasm, previous.as_ref()) {
-                Ok(Some(entry)) => {
+                Ok(Loaded::New(entry)) => {
                     kept.insert(name, entry);
                 }
-                Ok(None) => {
+                Ok(Loaded::Unchanged) => {
                     kept.insert(name, previous.expect("unchanged means it existed"));
+                }
+                // The version serving (if any) serves on until the new one is compiled.
+                Ok(Loaded::Compiling {
+                    provisioner,
+                    sha256,
+                }) => {
+                    compiling.insert(wasm.display().to_string(), provisioner);
+                    compiling_shas.insert(sha256);
+                    if let Some(previous) = previous {
+                        kept.insert(name, previous);
+                    }
                 }
                 Err(problem) => {
                     let keep = problem.keep_previous;
@@ -163,6 +215,10 @@ impl Loader {
             self.unload(&name, &entry, "its module file is gone");
         }
         self.entries = kept;
+        if let Some(queue) = &self.queue {
+            queue.retain(&compiling_shas);
+        }
+        self.compiling = compiling;
         let plugins = self.assemble(problems);
         let changed = self.note_changes(&plugins);
         Ok(Scan { plugins, changed })
@@ -178,13 +234,13 @@ impl Loader {
         );
     }
 
-    /// Loads `NAME.wasm` with its grant file: `Ok(None)` when both are unchanged.
+    /// Loads `NAME.wasm` with its grant file.
     fn load_one(
         &self,
         name: &str,
         wasm: &Path,
         previous: Option<&Entry>,
-    ) -> Result<Option<Entry>, Refusal> {
+    ) -> Result<Loaded, Refusal> {
         let grant_path = wasm.with_extension("toml");
         let refuse = |file: &Path, reason: String, keep_previous: bool| Refusal {
             problem: PluginProblem {
@@ -217,7 +273,7 @@ impl Loader {
             && previous.wasm_sha256 == wasm_sha256
             && previous.grant_sha256 == grant_sha256
         {
-            return Ok(None);
+            return Ok(Loaded::Unchanged);
         }
         let keeping = |reason: String| match previous {
             Some(p) => format!(
@@ -245,10 +301,42 @@ impl Loader {
         for note in notes {
             tracing::warn!(guest = name, grant = %grant_path.display(), "{note}");
         }
-        let guest = self
-            .engine
-            .load_bytes(name, &wasm.display().to_string(), &bytes, grants)
-            .map_err(|e| rejected(wasm, e.to_string()))?;
+        let display = wasm.display().to_string();
+        let loaded = match &self.queue {
+            None => self.engine.load_bytes(name, &display, &bytes, grants),
+            Some(queue) => {
+                let (sha256, cached) = self
+                    .engine
+                    .compiled_before(&display, &bytes)
+                    .map_err(|e| rejected(wasm, e.to_string()))?;
+                let (component, fresh) = match cached {
+                    Some(component) => (component, false),
+                    None => match queue.get(&display, &bytes, &sha256) {
+                        Compiled::Ready(component) => (component, true),
+                        Compiled::Refused(error) => return Err(rejected(wasm, error.to_string())),
+                        Compiled::Pending { queued_now } => {
+                            if queued_now {
+                                tracing::info!(
+                                    guest = name,
+                                    provisioner = %grants.provisioner,
+                                    sha256 = %sha256,
+                                    bytes = bytes.len(),
+                                    compiling = queue.pending(),
+                                    "plugin compiling in the background; the guests that are ready serve meanwhile"
+                                );
+                            }
+                            return Ok(Loaded::Compiling {
+                                provisioner: grants.provisioner.clone(),
+                                sha256,
+                            });
+                        }
+                    },
+                };
+                self.engine
+                    .load_compiled(name, &display, component, &sha256, fresh, grants)
+            }
+        };
+        let guest = loaded.map_err(|e| rejected(wasm, e.to_string()))?;
         let what = if previous.is_some() {
             PluginStats::bump(&self.stats.reloads);
             "plugin reloaded"
@@ -264,7 +352,7 @@ impl Loader {
             filesystem = if guest.filesystem_inline() { "inline (local grants)" } else { "blocking pool" },
             "{what}"
         );
-        Ok(Some(Entry {
+        Ok(Loaded::New(Entry {
             wasm_sha256,
             grant_sha256,
             guest: Arc::new(guest),
@@ -327,7 +415,16 @@ impl Loader {
         }
         self.unavailable.retain(|p, _| !served.contains_key(p));
         self.served = served;
-        Plugins::new(guests, problems, self.unavailable.clone())
+        // A new guest's name is unavailable while its module compiles: its claims wait.
+        let mut unavailable = self.unavailable.clone();
+        for (file, provisioner) in &self.compiling {
+            if !self.served.contains_key(provisioner) {
+                unavailable
+                    .entry(provisioner.clone())
+                    .or_insert_with(|| format!("its module {file} is still being compiled"));
+            }
+        }
+        Plugins::new(guests, problems, unavailable).with_compiling(self.compiling.len())
     }
 
     fn note_changes(&mut self, plugins: &Plugins) -> bool {
@@ -344,8 +441,11 @@ impl Loader {
             .iter()
             .map(|(p, g)| (p.clone(), Arc::as_ptr(g) as usize))
             .collect();
-        let changed = current != self.served_ptrs || problems_changed;
+        let changed = current != self.served_ptrs
+            || problems_changed
+            || plugins.compiling() != self.last_compiling;
         self.served_ptrs = current;
+        self.last_compiling = plugins.compiling();
         changed
     }
 }
@@ -354,6 +454,14 @@ impl Loader {
 struct Refusal {
     problem: PluginProblem,
     keep_previous: bool,
+}
+
+/// Why the watcher thread woke.
+enum Wake {
+    /// A file event in the directory (debounced).
+    Changed,
+    /// A background compile ended (scanned at once).
+    Compiled,
 }
 
 /// How the watcher behaves.
@@ -386,13 +494,20 @@ pub fn watch(
     mut on_change: impl FnMut(Arc<Plugins>) + Send + 'static,
 ) -> std::io::Result<PluginWatcher> {
     use notify::Watcher as _;
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (tx, rx) = std::sync::mpsc::channel::<Wake>();
     let events = tx.clone();
+    if let Some(queue) = &loader.queue {
+        // A compile's end is acted on at once (no debounce: nothing is being written).
+        let compiled = tx.clone();
+        queue.on_done(move || {
+            let _ = compiled.send(Wake::Compiled);
+        });
+    }
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         if let Ok(event) = event
             && !matches!(event.kind, notify::EventKind::Access(_))
         {
-            let _ = events.send(());
+            let _ = events.send(Wake::Changed);
         }
     })
     .and_then(|mut w| {
@@ -415,11 +530,16 @@ pub fn watch(
             let mut last_scan = Instant::now();
             // (first, last) event since the last scan.
             let mut pending: Option<(Instant, Instant)> = None;
+            let mut compiled = false;
             while !stopped.load(Ordering::Relaxed) {
-                if rx.recv_timeout(Duration::from_millis(50)).is_ok() {
-                    let now = Instant::now();
-                    pending = Some((pending.map_or(now, |(first, _)| first), now));
-                    continue;
+                match rx.recv_timeout(Duration::from_millis(50)) {
+                    Ok(Wake::Changed) => {
+                        let now = Instant::now();
+                        pending = Some((pending.map_or(now, |(first, _)| first), now));
+                        continue;
+                    }
+                    Ok(Wake::Compiled) => compiled = true,
+                    Err(_) => {}
                 }
                 // Quiet for `debounce`, or busy for ten times that: a directory that never settles
                 // is still scanned.
@@ -428,12 +548,13 @@ pub fn watch(
                         last.elapsed() >= options.debounce
                             || first.elapsed() >= options.debounce * 10
                     }
-                    None => last_scan.elapsed() >= options.rescan,
+                    None => compiled || last_scan.elapsed() >= options.rescan,
                 };
                 if !due {
                     continue;
                 }
                 pending = None;
+                compiled = false;
                 last_scan = Instant::now();
                 match loader.scan() {
                     Ok(scan) if scan.changed => {

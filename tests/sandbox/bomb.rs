@@ -112,3 +112,224 @@ async fn a_compile_bomb_is_refused_in_a_child_and_not_compiled_again() {
     );
     good.provision(&req).await.expect("the good guest serves");
 }
+
+/// Writes two modules that compile for seconds in the child (within `run`'s limits) and are then
+/// refused (they export no contract); the size of each.
+fn slow_modules(plugins: &PluginsDir) -> usize {
+    let size = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let mut bytes = 0;
+    for (i, name) in ["slow1", "slow2"].into_iter().enumerate() {
+        // Two different modules (one more operation in the second): two compiles.
+        let slow = compile_bomb(
+            size("WP_SLOW_FUNCTIONS", 2),
+            size("WP_SLOW_LOCALS", 2_000),
+            size("WP_SLOW_OPS", 80_000) + i,
+        );
+        bytes = slow.len();
+        std::fs::write(plugins.path().join(format!("{name}.wasm")), &slow).unwrap();
+        std::fs::write(
+            plugins.path().join(format!("{name}.toml")),
+            format!("provisioner = \"test.wasm-provisioner.dev/{name}\""),
+        )
+        .unwrap();
+    }
+    bytes
+}
+
+/// `run`'s limits, with a CPU budget the slow modules stay within.
+fn run_limits() -> wasm_provisioner::wasm::compiler::CompileLimits {
+    wasm_provisioner::wasm::compiler::CompileLimits {
+        program: env!("CARGO_BIN_EXE_wasm-provisioner").into(),
+        memory_mib: 1024,
+        cpu_seconds: 60,
+        timeout: Duration::from_secs(120),
+    }
+}
+
+/// What a start saw: when the good guest first served, when every slow module was refused, and
+/// the set of plugins the good guest first served in.
+struct Start {
+    good: Duration,
+    refused: Option<Duration>,
+    first_good: Arc<Plugins>,
+    problems: Vec<String>,
+}
+
+/// Every set of plugins a start served, with when.
+type Seen = Vec<(Duration, Arc<Plugins>)>;
+
+/// Starts as `run` does (first scan, then the watcher) and waits until the good guest serves
+/// and `refusals` slow modules are refused (or 150 s).
+fn start_like_run(plugins: &Path, cache: Option<&Path>, refusals: usize) -> Start {
+    let engine = WasmEngine::with_options(&EngineOptions {
+        compiler: Some(run_limits()),
+        module_cache: cache.map(Path::to_owned),
+        ..EngineOptions::default()
+    })
+    .unwrap();
+    let started = Instant::now();
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let mut loader = Loader::new(engine, plugins.to_owned())
+        .compiling_in_background()
+        .unwrap();
+    let first = loader.scan().unwrap();
+    seen.lock()
+        .unwrap()
+        .push((started.elapsed(), Arc::new(first.plugins)));
+    let sink = seen.clone();
+    let _watcher = reload::watch(
+        loader,
+        WatchOptions {
+            rescan: Duration::from_secs(1),
+            debounce: Duration::from_millis(100),
+        },
+        move |plugins| sink.lock().unwrap().push((started.elapsed(), plugins)),
+    )
+    .unwrap();
+    let refused = |p: &Plugins| {
+        p.problems
+            .iter()
+            .filter(|p| p.file.to_string_lossy().contains("slow"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(150);
+    loop {
+        let seen = seen.lock().unwrap();
+        let good = seen.iter().find(|(_, p)| p.serves(GOOD));
+        let done = seen.iter().find(|(_, p)| refused(p) >= refusals);
+        if let (Some((good, first_good)), Some((refused, last))) = (good, done) {
+            return Start {
+                good: *good,
+                refused: (refusals > 0).then_some(*refused),
+                first_good: first_good.clone(),
+                problems: last.problems.iter().map(|p| p.to_string()).collect(),
+            };
+        }
+        assert!(Instant::now() < deadline, "nothing settled within 150 s");
+        drop(seen);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_good_guest_serves_while_slow_modules_still_compile() {
+    let _alone = super::CPU_HEAVY.lock().await;
+    if !in_child(
+        "bomb::a_good_guest_serves_while_slow_modules_still_compile",
+        "WP_SLOW_CHILD",
+    ) {
+        return;
+    }
+    let storage = tempfile::tempdir().unwrap();
+    let plugins = PluginsDir::new();
+    plugins.add(
+        "good",
+        "hostpath",
+        &dir_grant(GOOD, storage.path(), "/volumes", ""),
+    );
+    let alone = start_like_run(plugins.path(), None, 0);
+    let slow_bytes = slow_modules(&plugins);
+    let children_before = children_cpu();
+    let beside = start_like_run(plugins.path(), None, 2);
+    let children_cpu = children_cpu() - children_before;
+    let refused = beside.refused.expect("both refused");
+    println!(
+        "good guest serving after {:?} alone, {:?} beside two slow modules of {} KiB (refused after {refused:?}; \
+         compile children {children_cpu:?} of CPU over those {refused:?}); problems: {:#?}",
+        alone.good,
+        beside.good,
+        slow_bytes / 1024,
+        beside.problems
+    );
+    assert_eq!(beside.problems.len(), 2, "both slow modules refused");
+    // The order, not a time: the good guest served before either slow module was decided.
+    let decided: Vec<String> = beside
+        .first_good
+        .problems
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    assert!(
+        decided.is_empty() && beside.good < refused,
+        "the good guest waited for the slow modules: serving at {:?}, refused at {refused:?}, already decided {decided:?}",
+        beside.good
+    );
+    // The compile children together never took more than one CPU.
+    assert!(
+        children_cpu.as_secs_f64() <= refused.as_secs_f64() * 1.1,
+        "compile children used {children_cpu:?} of CPU in {refused:?}"
+    );
+    let req = request(
+        claim("beside-slow"),
+        class(GOOD, &[]),
+        &beside
+            .first_good
+            .for_provisioner(GOOD)
+            .unwrap()
+            .grants()
+            .config_json,
+    );
+    beside
+        .first_good
+        .for_provisioner(GOOD)
+        .unwrap()
+        .provision(&req)
+        .await
+        .expect("the good guest serves");
+}
+
+/// CPU time of this process' reaped children (the compile children of the test process), from
+/// `cutime` and `cstime` in /proc/self/stat (clock ticks of 10 ms).
+fn children_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    // Fields 16 and 17 of stat(5), counted from the state (field 3) here.
+    let ticks: u64 = fields[13].parse::<u64>().unwrap() + fields[14].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_refused_once_is_not_compiled_again_at_the_next_start() {
+    let _alone = super::CPU_HEAVY.lock().await;
+    if !in_child(
+        "bomb::a_module_refused_once_is_not_compiled_again_at_the_next_start",
+        "WP_REFUSED_CHILD",
+    ) {
+        return;
+    }
+    let storage = tempfile::tempdir().unwrap();
+    let plugins = PluginsDir::new();
+    plugins.add(
+        "good",
+        "hostpath",
+        &dir_grant(GOOD, storage.path(), "/volumes", ""),
+    );
+    slow_modules(&plugins);
+    let cache = tempfile::tempdir().unwrap();
+    let first = start_like_run(plugins.path(), Some(cache.path()), 2);
+    let children_before = children_cpu();
+    let again = start_like_run(plugins.path(), Some(cache.path()), 2);
+    let compiled = children_cpu() - children_before;
+    println!(
+        "first start: slow modules refused after {:?}; restart with the same cache: refused after {:?}, \
+         compile children {compiled:?} of CPU; problems: {:#?}",
+        first.refused.unwrap(),
+        again.refused.unwrap(),
+        again.problems
+    );
+    for problem in &again.problems {
+        assert!(
+            problem.contains("refused before"),
+            "compiled again at the restart: {problem}"
+        );
+    }
+    assert!(
+        compiled < Duration::from_millis(500),
+        "compile children ran {compiled:?} at the restart"
+    );
+}

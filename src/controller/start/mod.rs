@@ -54,6 +54,7 @@ pub async fn run_watching(
 ) -> anyhow::Result<()> {
     let initial = plugins.borrow_and_update().clone();
     metrics.guests_loaded(initial.len());
+    metrics.guests_compiling(initial.compiling());
     let settings = effective(settings)?;
     let mut tasks = Supervised::new();
     let (node_state, node_deleted) = match &settings.node {
