@@ -47,6 +47,9 @@ pub enum Command {
     Inspect {
         /// The guest's `.wasm` file.
         file: PathBuf,
+        /// The compiler child's limits (as `run`'s: the module is compiled in the same child).
+        #[command(flatten)]
+        compile: CompileArgs,
     },
     /// Run a guest's provision offline and print the PV the controller would create.
     Provision(ProvisionArgs),
@@ -229,10 +232,9 @@ pub struct RunArgs {
     /// guest spinning until its deadline then never delays watches, reconciles or lease renewals.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i32).range(0..=19))]
     pub guest_nice: i32,
-    /// Address space of the child process each guest is compiled in, MiB (it is killed past
-    /// it, or past 60 CPU seconds, and the guest refused; docs/threat-model.md).
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(64..))]
-    pub compile_memory_mib: u64,
+    /// The compiler child's limits.
+    #[command(flatten)]
+    pub compile: CompileArgs,
     /// The kubelet's directory as this process sees it: a read-write grant directory on its
     /// filesystem (or on that of `/` or the container runtime's) loads with a warning
     /// (docs/threat-model.md, "Disk"). In a container the kubelet's own mounts tell it too.
@@ -371,6 +373,38 @@ pub struct ProvisionArgs {
     /// The selected node, as the scheduler would set it.
     #[arg(long)]
     pub node: Option<String>,
+    /// The compiler child's limits (as `run`'s).
+    #[command(flatten)]
+    pub compile: CompileArgs,
+}
+
+/// The limits of the child process every guest is compiled in: by `run` and by the offline
+/// commands (`inspect`, `provision`, `delete`) alike.
+#[derive(Debug, Clone, Args)]
+pub struct CompileArgs {
+    /// Address space of the child process each guest is compiled in, MiB (it is killed past
+    /// it, or past --compile-cpu-seconds, and the guest refused; docs/threat-model.md).
+    #[arg(long, env = "WP_COMPILE_MEMORY_MIB", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(64..))]
+    pub compile_memory_mib: u64,
+    /// CPU time of that child, seconds (it is killed at twice as many seconds of wall-clock
+    /// time).
+    #[arg(long, env = "WP_COMPILE_CPU_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub compile_cpu_seconds: u64,
+}
+
+impl CompileArgs {
+    /// The limits; none (compile in this process) only without a path to this binary, which
+    /// Linux always has.
+    pub fn limits(&self) -> Option<crate::wasm::compiler::CompileLimits> {
+        crate::wasm::compiler::CompileLimits::for_this_binary()
+            .ok()
+            .map(|limits| crate::wasm::compiler::CompileLimits {
+                memory_mib: self.compile_memory_mib,
+                cpu_seconds: self.compile_cpu_seconds,
+                timeout: Duration::from_secs(self.compile_cpu_seconds.saturating_mul(2)),
+                ..limits
+            })
+    }
 }
 
 /// `wasm-provisioner delete`.
@@ -385,6 +419,9 @@ pub struct DeleteArgs {
     /// The StorageClass manifest, if the guest needs it.
     #[arg(long)]
     pub class: Option<PathBuf>,
+    /// The compiler child's limits (as `run`'s).
+    #[command(flatten)]
+    pub compile: CompileArgs,
 }
 
 /// Parses `500ms`, `15s`, `2m`, `1h` or plain seconds.
@@ -424,14 +461,7 @@ impl RunArgs {
                 ),
                 nice: self.guest_nice,
             }),
-            // Untrusted code is compiled in a child process under limits; without a path to
-            // this binary (never on Linux), in this process.
-            compiler: crate::wasm::compiler::CompileLimits::for_this_binary()
-                .ok()
-                .map(|limits| crate::wasm::compiler::CompileLimits {
-                    memory_mib: self.compile_memory_mib,
-                    ..limits
-                }),
+            compiler: self.compile.limits(),
         }
     }
 

@@ -89,6 +89,13 @@ struct PluginEventLabels {
     event: &'static str,
 }
 
+/// `guest`, `warning` of a guest loaded despite a warning about its grant.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginWarningLabels {
+    guest: String,
+    warning: &'static str,
+}
+
 /// `name`: the lease (component-base's label).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LeaderLabels {
@@ -145,6 +152,7 @@ struct Inner {
     waiting: Mutex<[HashSet<String>; 2]>,
     plugin_events: Family<PluginEventLabels, Counter>,
     plugin_counts_seen: Mutex<[u64; 4]>,
+    plugin_warnings: Family<PluginWarningLabels, Counter>,
     ready: AtomicBool,
 }
 
@@ -259,6 +267,7 @@ impl Metrics {
             );
         let guest_faults = Family::<FaultLabels, Counter>::default();
         let plugin_events = Family::<PluginEventLabels, Counter>::default();
+        let plugin_warnings = Family::<PluginWarningLabels, Counter>::default();
         {
             let own = registry.sub_registry_with_prefix("wasm_provisioner");
             own.register(
@@ -297,6 +306,11 @@ impl Metrics {
                 plugin_events.clone(),
             );
             own.register(
+                "plugin_warnings",
+                "Guests loaded despite a warning about their grant, by guest and warning (node-filesystem: a read-write directory on the filesystem of /, the kubelet or the container runtime).",
+                plugin_warnings.clone(),
+            );
+            own.register(
                 "guest_faults",
                 "Guest calls that trapped, ran out of time or memory, by fault kind.",
                 guest_faults.clone(),
@@ -326,6 +340,7 @@ impl Metrics {
                 waiting: Mutex::new([HashSet::new(), HashSet::new()]),
                 plugin_events,
                 plugin_counts_seen: Mutex::new([0; 4]),
+                plugin_warnings,
                 ready: AtomicBool::new(false),
             }),
         }
@@ -487,6 +502,17 @@ impl Metrics {
             }
             seen[i] = seen[i].max(totals[i]);
         }
+    }
+
+    /// A guest was loaded (or reloaded) despite `warning` about its grant.
+    pub fn plugin_warning(&self, guest: &str, warning: &'static str) {
+        self.inner
+            .plugin_warnings
+            .get_or_create(&PluginWarningLabels {
+                guest: guest.to_string(),
+                warning,
+            })
+            .inc();
     }
 
     /// How many guests serve now (set on load and reload).

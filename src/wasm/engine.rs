@@ -172,9 +172,12 @@ pub struct WasmEngine {
 const REFUSED_REMEMBERED: usize = 256;
 
 /// Compiles component `bytes` as [`WasmEngine`]'s engine would, to wasmtime's artifact (the
-/// `compile-guest` child's work).
+/// `compile-guest` child's work). On one thread: the child takes at most one CPU (how functions
+/// are compiled is no part of the artifact's compatibility, so the parent's engine loads it).
 pub fn precompile(bytes: &[u8]) -> wasmtime::Result<Vec<u8>> {
-    Engine::new(&base_config())?.precompile_component(bytes)
+    let mut config = base_config();
+    config.parallel_compilation(false);
+    Engine::new(&config)?.precompile_component(bytes)
 }
 
 fn base_config() -> Config {
@@ -312,23 +315,39 @@ impl WasmEngine {
         self.compile_bytes(&path.display().to_string(), &bytes)
     }
 
-    /// Compiles component bytes read from `display`, through the module cache when there is one.
-    /// Precompiled artifacts are refused: from a plugins directory they would be native code.
+    /// Compiles component bytes read from `display`, through the module cache when there is one
+    /// (a fresh compile is not stored: [`WasmEngine::load_compiled`] stores what links).
     pub fn compile_bytes(
         &self,
         display: &str,
         bytes: &[u8],
     ) -> Result<(Component, String), LoadError> {
-        let refused = |message: String| LoadError::Compile {
-            path: display.to_string(),
-            message,
-        };
-        if bytes.len() > MAX_MODULE_BYTES {
-            return Err(refused(format!(
-                "it is {} bytes, more than the {MAX_MODULE_BYTES} a guest may be",
-                bytes.len()
-            )));
+        let (sha256, cached) = self.compiled_before(display, bytes)?;
+        match cached {
+            Some(component) => Ok((component, sha256)),
+            None => Ok((self.compile_now(display, bytes, &sha256)?, sha256)),
         }
+    }
+
+    /// What is known of these bytes without compiling them: their SHA-256 and the cached
+    /// component when the module cache has one; an error when they are refused without trying
+    /// (too large, precompiled, refused before: in this process, or by a record in the module
+    /// cache). Cheap: reads at most one cache entry.
+    pub fn compiled_before(
+        &self,
+        display: &str,
+        bytes: &[u8],
+    ) -> Result<(String, Option<Component>), LoadError> {
+        if bytes.len() > MAX_MODULE_BYTES {
+            return Err(LoadError::Compile {
+                path: display.to_string(),
+                message: format!(
+                    "it is {} bytes, more than the {MAX_MODULE_BYTES} a guest may be",
+                    bytes.len()
+                ),
+            });
+        }
+        // Precompiled artifacts are refused: from a plugins directory they would be native code.
         if Engine::detect_precompiled(bytes).is_some() {
             return Err(LoadError::Precompiled {
                 path: display.to_string(),
@@ -341,48 +360,78 @@ impl WasmEngine {
                 message,
             });
         }
-        if let Some(component) = self
+        let cached = self
             .cache
             .as_ref()
-            .and_then(|c| c.get(&self.engine, &sha256))
-        {
-            return Ok((component, sha256));
-        }
+            .and_then(|c| c.get(&self.engine, &sha256));
+        Ok((sha256, cached))
+    }
+
+    /// Compiles `bytes` (SHA-256 `sha256`): in the compiler child when there is one, else here.
+    /// A refusal is remembered, and recorded in the module cache when the same bytes under the
+    /// same limits would be refused again.
+    pub fn compile_now(
+        &self,
+        display: &str,
+        bytes: &[u8],
+        sha256: &str,
+    ) -> Result<Component, LoadError> {
         let compiled = match &self.compiler {
-            None => Component::new(&self.engine, bytes).map_err(|e| format!("{e:#}")),
+            None => Component::new(&self.engine, bytes).map_err(|e| (format!("{e:#}"), true)),
             Some(limits) => compile_in_child(limits, bytes)
-                .map_err(|e| e.to_string())
+                .map_err(|e| (e.to_string(), e.is_lasting()))
                 .and_then(|artifact| {
-                    super::cache::deserialize(&self.engine, &artifact).map_err(|e| format!("{e:#}"))
+                    super::cache::deserialize(&self.engine, &artifact)
+                        .map_err(|e| (format!("{e:#}"), false))
                 }),
         };
-        let component = compiled.map_err(|message| {
-            let error = refused(message);
-            self.remember_refused(&sha256, &error);
+        compiled.map_err(|(message, lasting)| {
+            let error = LoadError::Compile {
+                path: display.to_string(),
+                message,
+            };
+            self.remember_refused(sha256, &error, lasting);
             error
-        })?;
-        if let Some(cache) = &self.cache {
-            cache.put(&sha256, &component);
+        })
+    }
+
+    /// What refusals depend on besides the bytes and the engine: this binary and the limits.
+    fn compile_key(&self) -> String {
+        match &self.compiler {
+            Some(limits) => limits.key(),
+            None => format!("in-process-{}", env!("CARGO_PKG_VERSION")),
         }
-        Ok((component, sha256))
     }
 
     fn refused_before(&self, sha256: &str) -> Option<String> {
-        let refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
-        refused.get(sha256).cloned()
+        let remembered = {
+            let refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+            refused.get(sha256).cloned()
+        };
+        remembered.or_else(|| {
+            let reason = self.cache.as_ref()?.refusal(sha256, &self.compile_key())?;
+            self.remember_in_memory(sha256, reason.clone());
+            Some(reason)
+        })
     }
 
-    fn remember_refused(&self, sha256: &str, why: &LoadError) {
+    /// Remembers a refusal in this process and, when `lasting`, in the module cache.
+    fn remember_refused(&self, sha256: &str, why: &LoadError, lasting: bool) {
+        let reason: String = why.to_string().chars().take(1024).collect();
+        if lasting && let Some(cache) = &self.cache {
+            cache.put_refusal(sha256, &self.compile_key(), &reason);
+        }
+        self.remember_in_memory(sha256, reason);
+    }
+
+    fn remember_in_memory(&self, sha256: &str, reason: String) {
         let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
         if refused.len() >= REFUSED_REMEMBERED
             && let Some(oldest) = refused.keys().next().cloned()
         {
             refused.remove(&oldest);
         }
-        refused.insert(
-            sha256.to_owned(),
-            why.to_string().chars().take(1024).collect(),
-        );
+        refused.insert(sha256.to_owned(), reason);
     }
 
     /// Compiles, checks the contract and links a guest, ready to be called.
@@ -399,12 +448,35 @@ impl WasmEngine {
         bytes: &[u8],
         grants: Grants,
     ) -> Result<Guest, LoadError> {
+        let (sha256, cached) = self.compiled_before(display, bytes)?;
+        let fresh = cached.is_none();
+        let component = match cached {
+            Some(component) => component,
+            None => self.compile_now(display, bytes, &sha256)?,
+        };
+        self.load_compiled(name, display, component, &sha256, fresh, grants)
+    }
+
+    /// Checks the contract of a compiled component, links it and reserves its share of the
+    /// pool: the guest, ready to be called. A `fresh` compile (not from the module cache) that
+    /// links is stored in the cache; one that does not is never stored (its refusal is).
+    pub fn load_compiled(
+        &self,
+        name: &str,
+        display: &str,
+        component: Component,
+        sha256: &str,
+        fresh: bool,
+        grants: Grants,
+    ) -> Result<Guest, LoadError> {
         let display = display.to_string();
-        let (component, sha256) = self.compile_bytes(&display, bytes)?;
         // What decides from here on is the bytes alone: a refusal holds until they change.
         let mut guest = self
-            .link(name, &display, component, &sha256, grants)
-            .inspect_err(|error| self.remember_refused(&sha256, error))?;
+            .link(name, &display, component, sha256, grants)
+            .inspect_err(|error| self.remember_refused(sha256, error, true))?;
+        if fresh && let Some(cache) = &self.cache {
+            cache.put(sha256, guest.pre.component());
+        }
         // The pool depends on the grant and the other guests, not on the bytes: not remembered.
         if self.pool_slots.is_some() {
             let reservation =

@@ -13,6 +13,7 @@ pub mod grants;
 pub mod guest;
 pub mod host;
 pub mod localfs;
+pub mod nodefs;
 pub mod nodepath;
 pub mod output;
 pub mod plugins;
