@@ -12,6 +12,7 @@ use crate::controller;
 use crate::http;
 use crate::metrics::Metrics;
 use crate::wasm::WasmEngine;
+use crate::wasm::nodefs::NodeFilesystems;
 use crate::wasm::reload::{self, Loader};
 
 /// Runs until SIGTERM or SIGINT, then stops taking work and exits once in-flight work is done.
@@ -40,7 +41,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         tracing::info!(address = ?server.local_addr(), path = %args.metrics_path, "serving metrics, /healthz and /readyz");
         tokio::spawn(server.run());
     }
-    let engine = WasmEngine::with_options(&args.engine_options())?.with_metrics(metrics.clone());
+    let engine = WasmEngine::with_options(&args.engine_options())?
+        .with_metrics(metrics.clone())
+        .with_node_filesystems(NodeFilesystems::probe(&args.kubelet_dir));
     if let Some(cache) = engine.module_cache() {
         cache.check_separate_from(&args.plugins)?;
     }

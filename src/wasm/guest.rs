@@ -219,10 +219,7 @@ impl Guest {
         let request = request.clone();
         self.dispatch(|guest| async move {
             let result = guest.call(Provision(&request)).await?;
-            let spec = result.map_err(|error| CallError::Guest {
-                guest: guest.name.to_string(),
-                error,
-            })?;
+            let spec = result.map_err(|error| CallError::guest(&guest.name, error))?;
             guest
                 .validate(spec, &request.pv_name, request.selected_node.as_deref())
                 .await
@@ -239,10 +236,7 @@ impl Guest {
             guest
                 .call(Delete(&request))
                 .await?
-                .map_err(|error| CallError::Guest {
-                    guest: guest.name.to_string(),
-                    error,
-                })
+                .map_err(|error| CallError::guest(&guest.name, error))
         })
         .await
     }

@@ -24,8 +24,8 @@
 //! disk-work          one filesystem call whose work grows with what is on disk, on <file>:
 //!                    <op> = set-size (to 0), open-truncate, unlink, close-unlinked (open,
 //!                    unlink, then drop the last descriptor), sync
-//! log-forge          host.log text, a field and a final error with newlines, `\r` and escapes
-//!                    that would start a forged log line
+//! log-forge          host.log text, a field, stdout and a final error with newlines, `\r`,
+//!                    escapes, line separators and a bidi override that would forge a log line
 //! path               mkdir -p <guest-dir>/<path>, hostPath <node-dir>/<path> (nesting, the prefix)
 //! renames            each `from>to` of <renames> (`;`-separated) in order, directories included
 //! none               mkdir <guest-dir>/<pv>, hostPath <node-dir>/<pv>
@@ -268,8 +268,10 @@ impl Guest for NodeAttack {
                 )))
             }
             "log-forge" => {
-                let forged =
-                    "\n2026-01-01T00:00:00.000000Z  INFO wasm_provisioner: FORGED line\r\u{1b}[2K";
+                // A newline, a carriage return and a terminal escape start a forged line; a line
+                // separator (U+2028) does where JSON or a viewer breaks there, and a
+                // right-to-left override (U+202E) shows what follows reversed.
+                let forged = "\n2026-01-01T00:00:00.000000Z  INFO wasm_provisioner: FORGED line\r\u{1b}[2K\u{2028}2026-01-01T00:00:00.000000Z  INFO wasm_provisioner: FORGED separator\u{2029}\u{202e}desrever";
                 wasm_provisioner::provisioner::host::log(
                     wasm_provisioner::provisioner::types::LogLevel::Warn,
                     &format!("guest text{forged}"),
@@ -278,7 +280,7 @@ impl Guest for NodeAttack {
                         value: format!("v{forged}"),
                     }],
                 );
-                println!("stdout text\rFORGED carriage return");
+                println!("stdout text\rFORGED carriage return\u{2028}FORGED separator\u{202e}desrever");
                 Err(ProvisionError::Final(format!("final{forged}")))
             }
             "none" => normal_volume(&config, pv),
