@@ -13,6 +13,8 @@ mod logs;
 mod node_disk;
 #[path = "sandbox/pool.rs"]
 mod pool;
+#[path = "sandbox/racing_delete.rs"]
+mod racing_delete;
 #[path = "sandbox/resources.rs"]
 mod resources;
 #[path = "sandbox/roots.rs"]

@@ -132,7 +132,7 @@ async fn volumes_a_pod_made_deep_or_huge_are_still_deleted() {
 }
 
 /// Files and directories below `dir`, however deep (0 once it is gone).
-fn entries_below(dir: &Path) -> usize {
+pub(super) fn entries_below(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };

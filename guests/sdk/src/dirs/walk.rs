@@ -1,0 +1,523 @@
+//! `rm -r` by descriptor: every call names one entry of a directory held open, links are never
+//! followed, and the work grows with the entries, not with their depth.
+//!
+//! ```text
+//! volume's parent ─ open "name" as a directory (no link followed) ─▶ stack = [volume]
+//! loop: list the top ─ each entry: not a directory? unlink it (a link goes, never its target)
+//!                    └ first directory: open it (no link followed) ─▶ push it
+//!                         (stack full, or its path too long: rename it to .deleting-N in the
+//!                          volume instead; the volume's own listing meets it later)
+//!       nothing left ─▶ remove it from the directory below it on the stack, pop it; then the
+//!                       directory below too, while removing it works (it held only that one)
+//! ```
+//!
+//! A pod still running in the volume cannot lead it out: a directory it swaps for a link
+//! between the listing and the open fails to open as a directory and is unlinked (the link),
+//! and what is opened stays the same directory whatever is renamed around it, so an unlink
+//! always removes an entry of a directory of this volume. What it adds meanwhile is met by a
+//! later listing; an emptied directory it refilled is met again by the listing below it.
+
+use std::fmt;
+
+/// Directories held open at once (each costs the call one descriptor, and its listing one
+/// more while it is read): 16 + a listing + the child being opened + the volume's parent
+/// stay well within the host's default cap of 64.
+const DEEPEST: usize = 16;
+
+/// Bytes of names below the volume walked before a directory is moved up instead: the host
+/// resolves where a renamed directory's parent is from its descriptor, which the kernel only
+/// does below PATH_MAX (4096), with room left for where the granted directory lies.
+const LONGEST_BELOW: usize = 2048;
+
+/// How often one entry may change between a directory and not (a pod swapping it) before the
+/// delete gives up on this attempt.
+const FLIPS: usize = 64;
+
+/// How often the volume may be found refilled once emptied before the attempt gives up.
+const REFILLS: usize = 64;
+
+/// Why a call failed, as far as the walk cares.
+#[derive(Debug)]
+pub enum Failure {
+    NoEntry,
+    /// Not a directory, or a link (which is never followed).
+    NotDirectory,
+    IsDirectory,
+    /// Not empty (`ENOTEMPTY`, or `EEXIST` as some filesystems say it).
+    NotEmpty,
+    /// The host refused (permission, or a guarded rename).
+    Refused(String),
+    Other(String),
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::NoEntry => f.write_str("no such file or directory"),
+            Failure::NotDirectory => f.write_str("not a directory"),
+            Failure::IsDirectory => f.write_str("is a directory"),
+            Failure::NotEmpty => f.write_str("directory not empty"),
+            Failure::Refused(why) | Failure::Other(why) => f.write_str(why),
+        }
+    }
+}
+
+/// What a listing says an entry is (it may have changed since).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Directory,
+    NotDirectory,
+    Unknown,
+}
+
+/// The calls the walk makes. Each names one entry (`name`, never a path) of a directory held
+/// open, and none follows a link.
+pub trait Tree {
+    type Dir;
+    type Listing: Iterator<Item = Result<(String, Kind), Failure>>;
+
+    /// The directory holding `path` (opened without following links below the granted
+    /// directory where the host sandboxes), and the name of `path` in it.
+    fn parent(&self, path: &str) -> Result<(Self::Dir, String), Failure>;
+    /// Entry `name` of `dir`, opened as a directory: a link fails (`NotDirectory`).
+    fn open_dir(&self, dir: &Self::Dir, name: &str) -> Result<Self::Dir, Failure>;
+    /// The entries of `dir`, streamed, without `.` and `..`.
+    fn list(&self, dir: &Self::Dir) -> Result<Self::Listing, Failure>;
+    /// Removes entry `name` of `dir`, which is not a directory (a link itself, not its target).
+    fn unlink(&self, dir: &Self::Dir, name: &str) -> Result<(), Failure>;
+    /// Removes entry `name` of `dir`, an empty directory.
+    fn remove_dir(&self, dir: &Self::Dir, name: &str) -> Result<(), Failure>;
+    /// Renames entry `name` of `from` to `to_name` in `to`.
+    fn rename(
+        &self,
+        from: &Self::Dir,
+        name: &str,
+        to: &Self::Dir,
+        to_name: &str,
+    ) -> Result<(), Failure>;
+}
+
+/// A failure and where: the path below the volume (for the message).
+#[derive(Debug)]
+pub struct Failed {
+    pub at: String,
+    pub failure: Failure,
+}
+
+/// What an entry turned out to be once dealt with.
+enum Settled<D> {
+    /// A directory, opened.
+    Dir(D),
+    /// Not a directory: removed.
+    Removed,
+    /// Gone before anything was done.
+    Gone,
+}
+
+/// Opens entry `name` of `dir` as a directory, or unlinks it if it is not one; retried while a
+/// pod swaps it between the two.
+fn settle<T: Tree>(
+    tree: &T,
+    dir: &T::Dir,
+    name: &str,
+    kind: Kind,
+) -> Result<Settled<T::Dir>, Failure> {
+    let mut as_dir = kind != Kind::NotDirectory;
+    for _ in 0..FLIPS {
+        if as_dir {
+            match tree.open_dir(dir, name) {
+                Ok(child) => return Ok(Settled::Dir(child)),
+                Err(Failure::NoEntry) => return Ok(Settled::Gone),
+                Err(Failure::NotDirectory) => as_dir = false,
+                Err(failure) => return Err(failure),
+            }
+        } else {
+            match tree.unlink(dir, name) {
+                Ok(()) => return Ok(Settled::Removed),
+                Err(Failure::NoEntry) => return Ok(Settled::Gone),
+                Err(Failure::IsDirectory) => as_dir = true,
+                Err(failure) => return Err(failure),
+            }
+        }
+    }
+    Err(Failure::Other(format!(
+        "it changed between a directory and not {FLIPS} times while being removed"
+    )))
+}
+
+/// Removes `path` and everything below it; false when there was nothing to remove.
+pub fn remove<T: Tree>(tree: &T, path: &str) -> Result<bool, Failed> {
+    let at = |failure| Failed {
+        at: path.to_owned(),
+        failure,
+    };
+    let (parent, name) = match tree.parent(path) {
+        Ok(found) => found,
+        Err(Failure::NoEntry) => return Ok(false),
+        Err(failure) => return Err(at(failure)),
+    };
+    let mut refills = 0;
+    loop {
+        let volume = match settle(tree, &parent, &name, Kind::Unknown).map_err(at)? {
+            Settled::Dir(volume) => volume,
+            Settled::Removed => return Ok(true),
+            Settled::Gone => return Ok(refills > 0),
+        };
+        Walk {
+            tree,
+            path,
+            stack: vec![(volume, String::new())],
+            below: 0,
+            spare: 0,
+        }
+        .empty()?;
+        match tree.remove_dir(&parent, &name) {
+            Ok(()) | Err(Failure::NoEntry) => return Ok(true),
+            // Refilled by a pod since it was emptied: again, a bounded number of times.
+            Err(Failure::NotEmpty) if refills < REFILLS => refills += 1,
+            Err(failure) => return Err(at(failure)),
+        }
+    }
+}
+
+/// The directories being emptied, the volume's at the bottom, each with its name in the one
+/// below it.
+struct Walk<'a, T: Tree> {
+    tree: &'a T,
+    path: &'a str,
+    stack: Vec<(T::Dir, String)>,
+    /// Bytes of the names on the stack.
+    below: usize,
+    /// The next `.deleting-N` to try.
+    spare: u64,
+}
+
+impl<T: Tree> Walk<'_, T> {
+    /// Where `name` (in the top directory) is, for a message.
+    fn at(&self, name: &str, failure: Failure) -> Failed {
+        let mut at = self.path.to_owned();
+        for (_, below) in self.stack.iter().skip(1) {
+            at = crate::join(&at, below);
+        }
+        if !name.is_empty() {
+            at = crate::join(&at, name);
+        }
+        Failed { at, failure }
+    }
+
+    /// Empties the volume's directory (the bottom of the stack), leaving it in place.
+    fn empty(mut self) -> Result<(), Failed> {
+        let mut refused = 0;
+        loop {
+            let (top, _) = self.stack.last().expect("the volume stays at the bottom");
+            match self.next_dir(top)? {
+                Some((child, name))
+                    if self.stack.len() < DEEPEST && self.below + name.len() < LONGEST_BELOW =>
+                {
+                    self.below += name.len() + 1;
+                    self.stack.push((child, name));
+                }
+                Some((child, name)) => {
+                    drop(child);
+                    if self.move_up(&name)? {
+                        refused = 0;
+                    } else {
+                        refused += 1;
+                        if refused > FLIPS {
+                            return Err(self.at(
+                                &name,
+                                Failure::Other(format!(
+                                    "could not move it up to the volume {FLIPS} times in a row"
+                                )),
+                            ));
+                        }
+                    }
+                }
+                None if self.stack.len() == 1 => return Ok(()),
+                None => self.remove_emptied()?,
+            }
+        }
+    }
+
+    /// Removes the top directory, listed empty, from the one below it; then each directory
+    /// below, while that works: one left with nothing else goes in that one call instead of
+    /// another listing (a chain of directories costs an open, a listing and a removal each).
+    fn remove_emptied(&mut self) -> Result<(), Failed> {
+        let mut listed_empty = true;
+        while self.stack.len() > 1 {
+            let at = self.stack.len() - 1;
+            let (parent, name) = (&self.stack[at - 1].0, &self.stack[at].1);
+            match self.tree.remove_dir(parent, name) {
+                Ok(()) => {}
+                // Not listed yet, and something is left: it is listed next.
+                Err(Failure::NotEmpty) if !listed_empty => return Ok(()),
+                // Refilled, or swapped for something else, since it was listed empty: the
+                // next listing of the directory below meets whatever is there now.
+                Err(Failure::NoEntry | Failure::NotEmpty | Failure::NotDirectory) => {
+                    self.pop();
+                    return Ok(());
+                }
+                Err(failure) => return Err(self.at("", failure)),
+            }
+            self.pop();
+            listed_empty = false;
+        }
+        Ok(())
+    }
+
+    fn pop(&mut self) {
+        let (dir, name) = self.stack.pop().expect("above the volume");
+        drop(dir);
+        self.below -= name.len() + 1;
+    }
+
+    /// Lists `dir`, unlinking every entry that is not a directory, up to the first directory,
+    /// which is returned open. The listing is closed before this returns.
+    fn next_dir(&self, dir: &T::Dir) -> Result<Option<(T::Dir, String)>, Failed> {
+        let listing = self.tree.list(dir).map_err(|f| self.at("", f))?;
+        for entry in listing {
+            let (name, kind) = entry.map_err(|f| self.at("", f))?;
+            match settle(self.tree, dir, &name, kind).map_err(|f| self.at(&name, f))? {
+                Settled::Dir(child) => return Ok(Some((child, name))),
+                Settled::Removed | Settled::Gone => {}
+            }
+        }
+        Ok(None)
+    }
+
+    /// Renames directory `name` of the top directory to a free `.deleting-N` right in the
+    /// volume, whose listing meets it later. False when it was not moved because it is no
+    /// longer that directory (gone, or swapped for a link: the next listing deals with it).
+    fn move_up(&mut self, name: &str) -> Result<bool, Failed> {
+        let (top, _) = self.stack.last().expect("the top");
+        let (volume, _) = self.stack.first().expect("the volume");
+        for _ in 0..FLIPS {
+            let to = format!(".deleting-{}", self.spare);
+            self.spare += 1;
+            match self.tree.rename(top, name, volume, &to) {
+                Ok(()) => return Ok(true),
+                Err(Failure::NoEntry | Failure::Refused(_)) => return Ok(false),
+                // Either the destination is taken (by a pod, or by a directory moved up
+                // earlier: try the next number) or the source is no longer a directory.
+                Err(Failure::NotEmpty | Failure::IsDirectory | Failure::NotDirectory) => {
+                    if self.tree.open_dir(top, name).is_err() {
+                        return Ok(false);
+                    }
+                }
+                Err(failure) => return Err(self.at(name, failure)),
+            }
+        }
+        Err(self.at(
+            name,
+            Failure::Other(format!("no free .deleting-N name in {FLIPS} tries")),
+        ))
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use crate::dirs::native::{self, Native};
+    use std::cell::Cell;
+    use std::os::fd::OwnedFd;
+    use std::path::Path;
+    use std::rc::Rc;
+
+    /// Something the walk holds open (a directory or a listing), counted while it lives.
+    struct Held<T> {
+        inner: T,
+        open: Rc<Cell<usize>>,
+        calls: Rc<Cell<usize>>,
+    }
+
+    impl<T> Drop for Held<T> {
+        fn drop(&mut self) {
+            self.open.set(self.open.get() - 1);
+        }
+    }
+
+    impl<T: Iterator> Iterator for Held<T> {
+        type Item = T::Item;
+        fn next(&mut self) -> Option<T::Item> {
+            self.calls.set(self.calls.get() + 1);
+            self.inner.next()
+        }
+    }
+
+    /// What a pod does right before the walk opens a directory (its parent, the name).
+    type BeforeOpen = Box<dyn Fn(&OwnedFd, &str)>;
+
+    /// The native calls, counting every call and the most held open at once; `before_open`
+    /// runs before each `open_dir` (a pod acting between a listing and the open).
+    #[derive(Default)]
+    struct Counting {
+        open: Rc<Cell<usize>>,
+        most: Cell<usize>,
+        calls: Rc<Cell<usize>>,
+        before_open: Option<BeforeOpen>,
+    }
+
+    impl Counting {
+        fn hold<T>(&self, inner: T) -> Held<T> {
+            self.open.set(self.open.get() + 1);
+            self.most.set(self.most.get().max(self.open.get()));
+            Held {
+                inner,
+                open: self.open.clone(),
+                calls: self.calls.clone(),
+            }
+        }
+
+        fn call(&self) {
+            self.calls.set(self.calls.get() + 1);
+        }
+    }
+
+    impl Tree for Counting {
+        type Dir = Held<OwnedFd>;
+        type Listing = Held<native::Listing>;
+
+        fn parent(&self, path: &str) -> Result<(Self::Dir, String), Failure> {
+            let (dir, name) = Native.parent(path)?;
+            Ok((self.hold(dir), name))
+        }
+        fn open_dir(&self, dir: &Self::Dir, name: &str) -> Result<Self::Dir, Failure> {
+            self.call();
+            if let Some(before) = &self.before_open {
+                before(&dir.inner, name);
+            }
+            Native.open_dir(&dir.inner, name).map(|d| self.hold(d))
+        }
+        fn list(&self, dir: &Self::Dir) -> Result<Self::Listing, Failure> {
+            self.call();
+            Native.list(&dir.inner).map(|l| self.hold(l))
+        }
+        fn unlink(&self, dir: &Self::Dir, name: &str) -> Result<(), Failure> {
+            self.call();
+            Native.unlink(&dir.inner, name)
+        }
+        fn remove_dir(&self, dir: &Self::Dir, name: &str) -> Result<(), Failure> {
+            self.call();
+            Native.remove_dir(&dir.inner, name)
+        }
+        fn rename(
+            &self,
+            from: &Self::Dir,
+            name: &str,
+            to: &Self::Dir,
+            to_name: &str,
+        ) -> Result<(), Failure> {
+            self.call();
+            Native.rename(&from.inner, name, &to.inner, to_name)
+        }
+    }
+
+    fn open(path: &Path) -> OwnedFd {
+        Native
+            .parent(&path.join("x").display().to_string())
+            .unwrap()
+            .0
+    }
+
+    /// `depth` nested directories `a` below `top`, each made relative to the one above.
+    fn chain(top: &Path, depth: usize) {
+        let mut at = open(top);
+        for _ in 0..depth {
+            rustix::fs::mkdirat(&at, "a", rustix::fs::Mode::from_raw_mode(0o755)).unwrap();
+            at = Native.open_dir(&at, "a").unwrap();
+        }
+    }
+
+    fn scratch(what: &str) -> std::path::PathBuf {
+        let root = std::env::temp_dir().join(format!("sdk-walk-{what}-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        root
+    }
+
+    #[test]
+    fn a_chain_far_deeper_than_the_stack_costs_what_it_holds() {
+        let root = scratch("chain");
+        let volume = root.join("v");
+        std::fs::create_dir(&volume).unwrap();
+        let depth = 10_000;
+        chain(&volume, depth);
+        let tree = Counting::default();
+        assert!(remove(&tree, volume.to_str().unwrap()).is_ok_and(|removed| removed));
+        assert!(!volume.exists());
+        let calls = tree.calls.get();
+        println!(
+            "{depth} nested directories: {calls} calls, at most {} open",
+            tree.most.get()
+        );
+        // Each directory: opened, listed (twice: before and after its child), its entry read,
+        // removed; and one in DEEPEST moved up. Starting over from the top would be ~depth^2/2.
+        assert!(calls < 7 * depth, "{calls} calls for {depth} directories");
+        // The stack, a listing, the child being opened and the volume's parent.
+        assert!(tree.most.get() <= DEEPEST + 3, "{} open", tree.most.get());
+        assert_eq!(tree.open.get(), 0, "everything closed");
+        std::fs::remove_dir(&root).unwrap();
+    }
+
+    #[test]
+    fn a_directory_swapped_for_a_link_after_the_listing_is_unlinked_not_followed() {
+        let root = scratch("swap");
+        let (volume, neighbour) = (root.join("v"), root.join("neighbour"));
+        std::fs::create_dir_all(volume.join("d/sub")).unwrap();
+        std::fs::create_dir_all(neighbour.join("sub")).unwrap();
+        for i in 0..10 {
+            std::fs::write(volume.join(format!("d/sub/{i}")), b"x").unwrap();
+            std::fs::write(neighbour.join(format!("sub/{i}")), b"x").unwrap();
+            std::fs::write(neighbour.join(format!("{i}")), b"x").unwrap();
+        }
+        std::os::unix::fs::symlink("../neighbour", volume.join("l")).unwrap();
+        // The pod: the first time the walk opens `d`, which it listed as a directory, `d` has
+        // just been moved aside and replaced by a link to the neighbour.
+        let swapped = Rc::new(Cell::new(false));
+        let tree = Counting {
+            before_open: Some(Box::new({
+                let swapped = swapped.clone();
+                move |dir, name| {
+                    if name == "d" && !swapped.replace(true) {
+                        rustix::fs::renameat(dir, "d", dir, "was-d").unwrap();
+                        rustix::fs::symlinkat("../neighbour", dir, "d").unwrap();
+                    }
+                }
+            })),
+            ..Counting::default()
+        };
+        assert!(remove(&tree, volume.to_str().unwrap()).unwrap());
+        assert!(swapped.get(), "the pod swapped");
+        assert!(!volume.exists());
+        assert_eq!(
+            std::fs::read_dir(neighbour.join("sub")).unwrap().count()
+                + std::fs::read_dir(&neighbour).unwrap().count(),
+            21,
+            "the neighbour keeps every file"
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn names_taken_in_the_volume_are_skipped_when_moving_up() {
+        let root = scratch("taken");
+        let volume = root.join("v");
+        std::fs::create_dir_all(volume.join(".deleting-1/kept-until-its-turn")).unwrap();
+        std::fs::write(volume.join(".deleting-0"), b"a file").unwrap();
+        std::os::unix::fs::symlink("/", volume.join(".deleting-2")).unwrap();
+        chain(&volume, 3 * DEEPEST);
+        let tree = Counting::default();
+        assert!(remove(&tree, volume.to_str().unwrap()).unwrap());
+        assert!(!volume.exists());
+        std::fs::remove_dir(&root).unwrap();
+    }
+
+    #[test]
+    fn nothing_there_is_not_an_error() {
+        let root = scratch("gone");
+        let tree = Counting::default();
+        let path = root.join("never");
+        assert!(!remove(&tree, path.to_str().unwrap()).unwrap());
+        assert!(!remove(&tree, path.join("below").to_str().unwrap()).unwrap());
+        std::fs::remove_dir(&root).unwrap();
+    }
+}
