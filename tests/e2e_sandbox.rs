@@ -5,6 +5,8 @@
 mod common;
 #[path = "e2e_sandbox/limits.rs"]
 mod limits;
+#[path = "e2e_sandbox/locks.rs"]
+mod locks;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use limits::{
     a_compile_bomb_under_the_containers_memory_limit, attacks_under_the_containers_memory_limit,
     the_oom_killer_takes_the_compiler_not_the_controller,
 };
+use locks::a_guest_blocked_on_a_pods_lock_never_delays_another_guests_claims;
 
 /// One test's world: the fixture, a plugins directory, storage roots and the provisioner.
 struct World {
@@ -469,6 +472,7 @@ fn main() -> std::process::ExitCode {
             attacks_under_the_containers_memory_limit,
             a_compile_bomb_under_the_containers_memory_limit,
             the_oom_killer_takes_the_compiler_not_the_controller,
+            a_guest_blocked_on_a_pods_lock_never_delays_another_guests_claims,
         ],
     )
 }

@@ -534,9 +534,8 @@ impl WasmEngine {
             .then(|| block_support::GuestIndices::new(&pre))
             .transpose()
             .map_err(link_err)?;
-        let inline_fs = super::localfs::all_local(grants.dirs.iter().map(|d| d.host.as_path()));
         Ok(Guest {
-            inline_fs,
+            lingering: Default::default(),
             name: name.into(),
             pool_slots: self.pool_slots.clone(),
             pool_units: pool_units(grants.instances, grants.memories),

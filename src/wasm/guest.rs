@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use wasmtime::component::{Instance, InstancePre};
+use wasmtime::component::{Instance, InstancePre, ResourceTableError};
 use wasmtime::{Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{FsPerms, WasiCtx};
 
@@ -31,9 +31,9 @@ use super::contract::ContractInfo;
 use super::errors::{CallError, FaultKind, error_label};
 use super::executor::GuestExecutor;
 use super::grants::{DirAccess, Grants};
+use super::handles::{HandleCapHit, Lingering, TABLE_ENTRIES_PER_CALL};
 use super::host::GuestState;
 use super::output::BoundedOutput;
-use super::sandbox_fs::DescriptorCapHit;
 use super::spec::BuiltVolume;
 use crate::metrics::Metrics;
 
@@ -67,8 +67,8 @@ pub struct Guest {
     pub(super) block_support: Option<block_support::GuestIndices>,
     pub(super) metrics: Option<Metrics>,
     pub(super) executor: Option<GuestExecutor>,
-    /// Filesystem calls run on the calling thread: every grant is local ([`super::localfs`]).
-    pub(super) inline_fs: bool,
+    /// Filesystem operations its ended calls left running ([`super::handles`]).
+    pub(super) lingering: Arc<Lingering>,
 }
 
 /// Captured guest output of one call.
@@ -186,9 +186,9 @@ impl Guest {
         &self.name
     }
 
-    /// Whether its filesystem calls run on the calling thread (every grant is local).
-    pub fn filesystem_inline(&self) -> bool {
-        self.inline_fs
+    /// Filesystem operations its ended calls left running (blocked in the kernel).
+    pub fn lingering_operations(&self) -> usize {
+        self.lingering.count()
     }
 
     /// The guest's grants.
@@ -330,15 +330,21 @@ impl Guest {
         super::served::served()
             .reserve(pv_name, Path::new(path), granted)
             .map_err(|e| rejected(e.to_string()))?;
-        // On disk, one component at a time; on the blocking pool unless every grant is local.
+        // On disk, one component at a time, on the blocking pool: a pod can hold a directory
+        // of the path locked, so the walk gets the call's deadline too.
         let (grants, source) = (self.grants.clone(), built.source.clone());
-        let checked = if self.inline_fs {
-            super::nodepath::check_source(&grants, &source).map_err(|e| rejected(e.to_string()))
-        } else {
-            tokio::task::spawn_blocking(move || super::nodepath::check_source(&grants, &source))
-                .await
-                .map_err(|e| rejected(format!("the path check did not finish: {e}")))
-                .and_then(|checked| checked.map_err(|e| rejected(e.to_string())))
+        let walk =
+            tokio::task::spawn_blocking(move || super::nodepath::check_source(&grants, &source));
+        let checked = match tokio::time::timeout(self.grants.call_timeout, walk).await {
+            Ok(Ok(checked)) => checked.map_err(|e| rejected(e.to_string())),
+            Ok(Err(e)) => Err(rejected(format!("the path check did not finish: {e}"))),
+            Err(_) => Err(self.fault(
+                FaultKind::Deadline,
+                format!(
+                    "the check of {path} on disk was blocked for {:?} (a directory of it locked by another process?)",
+                    self.grants.call_timeout
+                ),
+            )),
         };
         if let Err(error) = checked {
             super::served::served().release(pv_name);
@@ -364,11 +370,11 @@ impl Guest {
         let stdout = BoundedOutput::new(self.grants.output_bytes);
         let stderr = BoundedOutput::new(self.grants.output_bytes);
         let mut wasi = WasiCtx::builder();
-        let inline = self.inline_fs;
+        // Every filesystem call goes to the blocking pool ([`super::sandbox_fs`]).
         wasi.stdout(stdout.clone())
             .stderr(stderr.clone())
             .max_random_size(RANDOM_BYTES)
-            .allow_blocking_current_thread(inline);
+            .allow_blocking_current_thread(false);
         for dir in &self.grants.dirs {
             let perms = match dir.access {
                 DirAccess::ReadOnly => FsPerms::ReadOnly,
@@ -382,8 +388,12 @@ impl Guest {
                     )
                 })?;
         }
-        let mut state = GuestState::new(self.name.clone(), self.grants.clone(), wasi.build());
-        state.fs_guard.inline = inline;
+        let state = GuestState::new(
+            self.name.clone(),
+            self.grants.clone(),
+            wasi.build(),
+            self.lingering.clone(),
+        );
         let mut store = Store::new(self.pre.engine(), state);
         store.limiter(|s| &mut s.limiter);
         // What one host call may carry from the guest (strings, lists): a host copy per call in
@@ -413,6 +423,16 @@ impl Guest {
 
     /// Waits for a concurrency slot and prepares a fresh store under the guest's limits.
     async fn begin(&self) -> Result<CallScope<'_>, CallError> {
+        let lingering = self.lingering.count();
+        if lingering >= self.grants.descriptors {
+            return Err(self.fault(
+                FaultKind::Descriptors,
+                format!(
+                    "{lingering} filesystem operations of this guest's earlier calls are still blocked in the kernel (a file or directory locked by another process?); no new call until they end (limits.descriptors is {})",
+                    self.grants.descriptors
+                ),
+            ));
+        }
         let permit = self
             .semaphore
             .acquire()
@@ -458,7 +478,11 @@ impl Guest {
         } else if limiter.memory_hit || limiter.table_hit {
             FaultKind::Memory
         } else if state.fs_guard.descriptors_hit
-            || error.downcast_ref::<DescriptorCapHit>().is_some()
+            || error.downcast_ref::<HandleCapHit>().is_some()
+            || matches!(
+                error.downcast_ref::<ResourceTableError>(),
+                Some(ResourceTableError::Full)
+            )
         {
             FaultKind::Descriptors
         } else if stderr.contains("panicked at") {
@@ -480,10 +504,16 @@ impl Guest {
                 "{operation} exceeded its memory cap of {} MiB (all memories and tables together)",
                 self.grants.memory_bytes / (1024 * 1024)
             ),
-            FaultKind::Descriptors => format!(
-                "{operation} tried to hold more than {} open descriptors (limits.descriptors)",
-                state.fs_guard.max_descriptors()
-            ),
+            FaultKind::Descriptors => match error.downcast_ref::<HandleCapHit>() {
+                Some(hit) => format!("{operation}: {hit}"),
+                None if error.downcast_ref::<ResourceTableError>().is_some() => format!(
+                    "{operation} tried to hold more than {TABLE_ENTRIES_PER_CALL} host resources (streams, pollables, descriptors, ...) at once"
+                ),
+                None => format!(
+                    "{operation} tried to hold more than {} open descriptors (limits.descriptors)",
+                    state.fs_guard.max_descriptors()
+                ),
+            },
             // The trap (or the host's refusal) says what happened; the wasm backtrace is for
             // the debug log, not for a Kubernetes event.
             _ => {

@@ -14,8 +14,9 @@ use super::bindings::types::{
 };
 use super::bindings::{host, types, volume_builder};
 use super::grants::Grants;
+use super::handles::{FsGuard, Lingering, TABLE_ENTRIES_PER_CALL};
 use super::output::printable;
-use super::sandbox_fs::{FsGuard, SandboxFsView};
+use super::sandbox_fs::SandboxFsView;
 use super::spec::VolumeSpecBuilder;
 
 /// What each `host.log` message costs on top of its text, so a flood of empty messages runs out
@@ -143,16 +144,24 @@ pub struct GuestState {
 }
 
 impl GuestState {
-    /// State for one call of `guest` under `grants`, with a prepared WASI context.
-    pub fn new(guest: Arc<str>, grants: Arc<Grants>, wasi: WasiCtx) -> Self {
+    /// State for one call of `guest` under `grants`, with a prepared WASI context;
+    /// `lingering` is what the guest's ended calls left running, charged to this one too.
+    pub fn new(
+        guest: Arc<str>,
+        grants: Arc<Grants>,
+        wasi: WasiCtx,
+        lingering: Arc<Lingering>,
+    ) -> Self {
         let limiter = CallLimiter::new(&grants);
-        let fs_guard = FsGuard::new(grants.descriptors);
+        let fs_guard = FsGuard::new(grants.descriptors, lingering);
         let log_bytes_left = grants.log_bytes;
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(TABLE_ENTRIES_PER_CALL);
         GuestState {
             guest,
             grants,
             wasi,
-            table: ResourceTable::new(),
+            table,
             limiter,
             fs_guard,
             log_bytes_left,
@@ -360,7 +369,12 @@ mod tests {
             Path::new("/"),
         )
         .unwrap();
-        GuestState::new("t".into(), Arc::new(grants), WasiCtx::builder().build())
+        GuestState::new(
+            "t".into(),
+            Arc::new(grants),
+            WasiCtx::builder().build(),
+            Default::default(),
+        )
     }
 
     #[test]

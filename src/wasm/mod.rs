@@ -11,6 +11,7 @@ pub mod errors;
 pub mod executor;
 pub mod grants;
 pub mod guest;
+pub mod handles;
 pub mod host;
 pub mod localfs;
 pub mod nodefs;

@@ -349,7 +349,6 @@ impl Loader {
             provisioner = %guest.grants().provisioner,
             sha256 = %wasm_sha256,
             previous = previous.map(|p| p.wasm_sha256.as_str()).unwrap_or("-"),
-            filesystem = if guest.filesystem_inline() { "inline (local grants)" } else { "blocking pool" },
             "{what}"
         );
         Ok(Loaded::New(Entry {

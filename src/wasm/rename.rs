@@ -5,12 +5,13 @@
 //! parents of source and destination ─ openat2 beneath their descriptors (as cap-std resolves)
 //!   ─ source a link? ─▶ refused
 //!   ─ real paths (/proc/self/fd) ─ source or destination a served path or above one? ─▶ refused
-//!   ─ renameat on the checked parents (index locked throughout for local grants)
+//!     (checked and announced to the index as a move in one step: no path at or below either
+//!     can be reserved until the rename returned, and the index is not locked meanwhile)
+//!   ─ renameat on the checked parents
 //!   ─ destination a link afterwards (a pod swapped the source)? ─▶ removed, refused
 //! ```
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::Path;
 
 use rustix::fs::{FileType, Mode, OFlags};
 use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
@@ -78,14 +79,14 @@ fn is_link_at(dir: &OwnedFd, name: &str) -> Result<bool, rustix::io::Errno> {
 /// `rename-at` behind the guard: the source may not be a link, and neither the source nor the
 /// destination may be a served path or lie above one ([`super::served`]); the rename is done
 /// on the very directories checked. A destination that is a link afterwards (a pod swapped the
-/// source in between) is removed and the call refused. With `hold`, the index stays locked
-/// until the rename is done.
+/// source in between) is removed and the call refused. The rename can wait on a lock a pod
+/// holds for as long as the pod likes, so the served index is not locked across it: the move is
+/// announced to it, and volumes at or below either path wait until the rename returned.
 pub fn checked_rename(
     old_dir: &std::fs::File,
     old_path: &str,
     new_dir: &std::fs::File,
     new_path: &str,
-    hold: bool,
 ) -> Result<(), RenameError> {
     let (old_parent, old_name) = parent_beneath(old_dir, old_path)?;
     let (new_parent, new_name) = parent_beneath(new_dir, new_path)?;
@@ -96,25 +97,17 @@ pub fn checked_rename(
     }
     let source = real_path(&old_parent)?.join(&old_name);
     let destination = real_path(&new_parent)?.join(&new_name);
-    let rename = |touches: &dyn Fn(&Path) -> Option<std::path::PathBuf>| {
-        for path in [&source, &destination] {
-            if let Some(served) = touches(path) {
-                return Err(RenameError::Refused(format!(
-                    "{} is or holds the served path {}",
-                    path.display(),
-                    served.display()
-                )));
-            }
-        }
-        rustix::fs::renameat(&old_parent, &old_name, &new_parent, &new_name)?;
-        Ok(())
-    };
-    let index = super::served::served();
-    if hold {
-        index.while_unchanged(rename)?;
-    } else {
-        rename(&|path| index.touches(path))?;
-    }
+    let moving = super::served::served()
+        .begin_move([source.as_path(), destination.as_path()])
+        .map_err(|(path, served)| {
+            RenameError::Refused(format!(
+                "{} is or holds the served path {}",
+                path.display(),
+                served.display()
+            ))
+        })?;
+    rustix::fs::renameat(&old_parent, &old_name, &new_parent, &new_name)?;
+    drop(moving);
     if is_link_at(&new_parent, &new_name).unwrap_or(false) {
         rustix::fs::unlinkat(&new_parent, &new_name, rustix::fs::AtFlags::empty())?;
         return Err(RenameError::Refused(format!(

@@ -1,40 +1,47 @@
-//! The guest's `wasi:filesystem/types`: wasmtime-wasi's implementation behind a guard.
+//! The guest's `wasi:filesystem/types` and `preopens`: wasmtime-wasi's implementation behind a
+//! guard.
 //!
 //! Linked over wasmtime-wasi's own definition (see [`add_to_linker`]); every function delegates
 //! to it except where the guard has something to say:
 //!
 //! ```text
+//! every call that touches the filesystem ─▶ on the blocking pool, never on the guest thread
 //! symlink-at ───────────────────────────────▶ refused (not-permitted)
 //! rename-at ─ parents opened beneath, real paths read
 //!           ─ source a link, or source/destination a served path or above one? ─▶ refused
-//!           ─ renamed on the checked parents; destination a link afterwards? removed, refused
+//!           ─ renamed on the checked parents (the served index is not locked meanwhile: the
+//!             move is announced to it instead, [`super::served`]); destination a link
+//!             afterwards? removed, refused
 //! link-at ─ source a link? ─▶ refused; destination a link afterwards? removed, refused
-//! open-at / read-directory ─ descriptors held at the call's cap? ─▶ trap: fault `descriptors`
+//! open-at, read-directory, get-directories, *-via-stream
+//!           ─ handles at the call's cap ([`super::handles`])? ─▶ trap: fault `descriptors`
 //! open-at ─ openat(O_NONBLOCK|O_NOFOLLOW beneath the directory), fstat
 //!             ─ FIFO, socket, device ─────▶ closed, refused (never blocks a thread)
 //!             ─ file or directory ────────▶ O_NONBLOCK cleared, counted while anything
-//!                                            (the descriptor, a stream of it) holds it
+//!                                            (the descriptor, a stream, an operation) holds it
 //! read-directory ─▶ a streamed listing ([`super::dirstream`]), counted while it lives
-//! set-size, sync, sync-data, unlink-file-at, open-at with truncate, the last close of a file
-//!           ─▶ on the blocking pool even for a local grant (the kernel's work, not the guest's)
 //! ```
 //!
 //! Why: the kubelet follows symlinks in a PV's path, and tenants' pods write into volume
 //! directories that lie inside a guest's preopen. A guest must not be able to turn a path it
 //! served into a link later, and a FIFO a pod planted must not hang a host thread in `open(2)`
-//! (see `docs/threat-model.md`). Some calls cost the kernel time in proportion to what is on
-//! disk, not to what the guest passes (freeing a fragmented file's blocks takes seconds): they
-//! never run on the guest's thread, where the call's deadline could not end the wait.
+//! (see `docs/threat-model.md`). Any call that names a path or an inode can wait on a lock a
+//! pod's process holds (a write stuck in the kernel holds its file's, a listing stuck on a
+//! fault its directory's) for as long as that process likes, on any filesystem: such a wait
+//! happens on a pool thread, where the call's deadline ends the call, and the thread it keeps
+//! is charged to the guest ([`super::handles`]) until the kernel lets it go.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use super::dirstream::{DirStream, SharedDirStream};
+use super::handles::{FsGuard, Held};
 use super::rename::{RenameError, checked_rename};
 
 use rustix::fs::{FileType, Mode, OFlags};
 use wasmtime::component::{HasData, Linker, Resource};
 use wasmtime_wasi::filesystem::{Descriptor, Dir, File, WasiFilesystemCtxView};
+use wasmtime_wasi::p2::bindings::filesystem::preopens;
 use wasmtime_wasi::p2::bindings::filesystem::types::{
     self, DescriptorFlags, DescriptorType, ErrorCode, HostDescriptor, HostDirectoryEntryStream,
     OpenFlags, PathFlags,
@@ -45,129 +52,26 @@ use wasmtime_wasi::{FsPerms, OpenMode};
 
 use super::host::GuestState;
 
-/// Something of the call's that keeps a host descriptor open: a file or directory `open-at`
-/// created (its streams share it, so dropping the descriptor while a stream lives frees
-/// nothing), or a directory listing (its own descriptor). Alive while the guest holds it.
-#[derive(Debug)]
-enum Held {
-    /// The guard keeps a reference of its own, so that it, not the guest's drop, closes the
-    /// file last: on the blocking pool ([`close_on_pool`]), since the last close of an unlinked
-    /// file frees its blocks.
-    File(Arc<std::fs::File>),
-    Dir(Weak<std::fs::File>),
-    Listing(Weak<Mutex<DirStream>>),
-}
-
-impl Held {
-    fn alive(&self) -> bool {
-        match self {
-            Held::File(file) => Arc::strong_count(file) > 1,
-            Held::Dir(dir) => dir.strong_count() > 0,
-            Held::Listing(listing) => listing.strong_count() > 0,
-        }
-    }
-}
-
-/// Closes the files the guest no longer holds on the blocking pool (or here, outside a runtime).
-fn close_on_pool(released: Vec<Held>) {
-    if !released.iter().any(|held| matches!(held, Held::File(_))) {
-        return;
-    }
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => drop(runtime.spawn_blocking(move || drop(released))),
-        Err(_) => drop(released),
-    }
-}
-
-/// Runs `work` on the blocking pool, whatever the grant: for calls whose cost the kernel decides
-/// rather than the guest, by what is on disk or by who holds the file's inode lock (truncating
-/// or unlinking a fragmented file takes seconds; a pod's write stuck on a hung mount holds the
-/// lock for as long as it likes). There, the call's deadline can end the wait.
+/// Runs `work` on the blocking pool and maps its I/O error to the guest's error code.
 async fn on_pool(
     what: &str,
     work: impl FnOnce() -> std::io::Result<()> + Send + 'static,
 ) -> FsResult<()> {
-    blocking(false, what, work)
+    blocking(what, work)
         .await?
         .map_err(|e| ErrorCode::from(e).into())
 }
 
-/// Runs `work` here when `inline` (a local grant's calls whose cost is what the guest passes),
-/// else on the blocking pool, where the call's deadline can end the wait.
+/// Runs `work` on the blocking pool, where the call's deadline can end the wait (the thread
+/// goes on until the kernel returns; what it holds is counted, [`super::handles`]).
 async fn blocking<R: Send + 'static>(
-    inline: bool,
     what: &str,
     work: impl FnOnce() -> R + Send + 'static,
 ) -> FsResult<R> {
-    if inline {
-        return Ok(work());
-    }
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|e| FsError::trap(wasmtime::Error::msg(format!("{what}: {e}"))))
 }
-
-/// Per-call state of the guard: the descriptors the guest holds and its cap on them.
-#[derive(Debug)]
-pub struct FsGuard {
-    max_descriptors: usize,
-    /// What the guest opened; dead entries are pruned when something new is admitted.
-    held: Vec<Held>,
-    /// Set when the guest tried to open more than `max_descriptors`.
-    pub descriptors_hit: bool,
-    /// Filesystem calls refused by the guard (links, special files), for the debug log.
-    pub refused: u32,
-    /// Filesystem calls run on the calling thread rather than the blocking pool.
-    pub inline: bool,
-}
-
-impl FsGuard {
-    /// A guard that lets one call hold at most `max_descriptors` open descriptors.
-    pub fn new(max_descriptors: usize) -> FsGuard {
-        FsGuard {
-            max_descriptors,
-            held: Vec::new(),
-            descriptors_hit: false,
-            refused: 0,
-            inline: false,
-        }
-    }
-
-    /// Host descriptors the guest's call holds right now: files and directories it opened
-    /// (directly or through a stream), and listings (not counting its preopened directories).
-    pub fn open_descriptors(&self) -> usize {
-        self.held.iter().filter(|h| h.alive()).count()
-    }
-
-    /// Room for one more descriptor, or the trap that ends the call.
-    fn admit(&mut self) -> Result<(), DescriptorCapHit> {
-        close_on_pool(self.held.extract_if(.., |held| !held.alive()).collect());
-        if self.held.len() >= self.max_descriptors {
-            self.descriptors_hit = true;
-            return Err(DescriptorCapHit(self.max_descriptors));
-        }
-        Ok(())
-    }
-
-    /// The cap on them.
-    pub fn max_descriptors(&self) -> usize {
-        self.max_descriptors
-    }
-}
-
-impl Drop for FsGuard {
-    fn drop(&mut self) {
-        // The store's table went first (it is declared before the guard), so these are the
-        // last references.
-        close_on_pool(std::mem::take(&mut self.held));
-    }
-}
-
-/// The trap raised when a call reaches its descriptor cap; [`super::runtime`] reports it as
-/// the fault kind `descriptors`.
-#[derive(Debug, thiserror::Error)]
-#[error("the guest tried to hold more than {0} open descriptors in one call")]
-pub struct DescriptorCapHit(pub usize);
 
 /// wasmtime-wasi's filesystem view plus the guard.
 pub struct SandboxFsView<'a> {
@@ -203,6 +107,21 @@ impl<'a> SandboxFsView<'a> {
             Descriptor::File(file) => Ok((Arc::clone(&file.file), file.perms)),
             Descriptor::Dir(_) => Err(ErrorCode::BadDescriptor.into()),
         }
+    }
+
+    /// Room for one more stream: each keeps a buffer and, reading or writing in the
+    /// background, a pool thread.
+    fn admit_stream(&mut self) -> FsResult<()> {
+        let table = &*self.inner.table;
+        let live = |rep| {
+            table
+                .get(&Resource::<DynInputStream>::new_borrow(rep))
+                .is_ok()
+                || table
+                    .get(&Resource::<DynOutputStream>::new_borrow(rep))
+                    .is_ok()
+        };
+        self.guard.admit_stream(live).map_err(FsError::trap)
     }
 
     fn refuse<T>(&mut self) -> FsResult<T> {
@@ -250,13 +169,31 @@ impl HasData for SandboxFs {
     type Data<'a> = SandboxFsView<'a>;
 }
 
-/// Links `wasi:filesystem/types` through the guard, over the definition that
+/// Links `wasi:filesystem/types` and `preopens` through the guard, over the definitions that
 /// `wasmtime_wasi::p2::add_to_linker_async` put there (call that first).
 pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
-    let result = types::add_to_linker::<GuestState, SandboxFs>(linker, GuestState::sandbox_fs);
+    let result = types::add_to_linker::<GuestState, SandboxFs>(linker, GuestState::sandbox_fs)
+        .and_then(|()| {
+            preopens::add_to_linker::<GuestState, SandboxFs>(linker, GuestState::sandbox_fs)
+        });
     linker.allow_shadowing(false);
     result
+}
+
+impl preopens::Host for SandboxFsView<'_> {
+    /// Every call hands out new handles of the same directories: each counts, so asking again
+    /// and again runs into the cap like opening does.
+    fn get_directories(&mut self) -> wasmtime::Result<Vec<(Resource<Descriptor>, String)>> {
+        self.guard.admit()?;
+        let directories = preopens::Host::get_directories(&mut self.inner)?;
+        for (handle, _) in &directories {
+            if let Descriptor::Dir(dir) = self.inner.table.get(handle)? {
+                self.guard.hold_preopen(&dir.dir);
+            }
+        }
+        Ok(directories)
+    }
 }
 
 impl types::Host for SandboxFsView<'_> {
@@ -385,12 +322,9 @@ impl HostDescriptor for SandboxFsView<'_> {
     ) -> FsResult<Resource<types::DirectoryEntryStream>> {
         let (dir, _) = self.dir_of(&fd)?;
         self.guard.admit().map_err(FsError::trap)?;
-        let stream = blocking(self.guard.inline, "read-directory", move || {
-            DirStream::open(&dir)
-        })
-        .await??;
+        let stream = blocking("read-directory", move || DirStream::open(&dir)).await??;
         let stream: SharedDirStream = Arc::new(Mutex::new(stream));
-        self.guard.held.push(Held::Listing(Arc::downgrade(&stream)));
+        self.guard.hold(Held::Listing(Arc::downgrade(&stream)));
         let handle = self.inner.table.push(stream)?;
         // Under the handle type the bindings expect; only this module looks it up.
         Ok(Resource::new_own(handle.rep()))
@@ -519,17 +453,11 @@ impl HostDescriptor for SandboxFsView<'_> {
         if perms.write_not_permitted() && mode.contains(OpenMode::WRITE) {
             return Err(ErrorCode::NotPermitted.into());
         }
-        let inline = self.guard.inline;
-        // Truncating frees the file's blocks: the kernel's time, not the guest's.
-        let opened = blocking(
-            inline && !os.contains(OFlags::TRUNC),
-            "open-at",
-            move || open_beneath(&dir, &path, os, want_dir),
-        )
-        .await?;
+        let opened = blocking("open-at", move || open_beneath(&dir, &path, os, want_dir)).await?;
+        // wasmtime-wasi runs what it does with them on the blocking pool too.
         let descriptor = match opened {
-            Ok(Opened::Dir(file)) => Descriptor::Dir(Dir::new(file, perms, mode, inline)),
-            Ok(Opened::File(file)) => Descriptor::File(File::new(file, perms, mode, inline)),
+            Ok(Opened::Dir(file)) => Descriptor::Dir(Dir::new(file, perms, mode, false)),
+            Ok(Opened::File(file)) => Descriptor::File(File::new(file, perms, mode, false)),
             Err(ErrorCode::Access) => return self.refuse(),
             Err(code) => return Err(code.into()),
         };
@@ -538,7 +466,7 @@ impl HostDescriptor for SandboxFsView<'_> {
             Descriptor::File(file) => Held::File(Arc::clone(&file.file)),
         };
         let handle = self.inner.table.push(descriptor)?;
-        self.guard.held.push(held);
+        self.guard.hold(held);
         Ok(handle)
     }
 
@@ -574,11 +502,8 @@ impl HostDescriptor for SandboxFsView<'_> {
         {
             return Err(ErrorCode::NotPermitted.into());
         }
-        let inline = self.guard.inline;
-        // Local grants hold the index while renaming, so no volume is served in between; a
-        // network grant's rename may block, so it checks and then renames.
-        let outcome = blocking(inline, "rename-at", move || {
-            checked_rename(&old_dir, &old_path, &new_dir, &new_path, inline)
+        let outcome = blocking("rename-at", move || {
+            checked_rename(&old_dir, &old_path, &new_dir, &new_path)
         })
         .await?;
         match outcome {
@@ -618,7 +543,10 @@ impl HostDescriptor for SandboxFsView<'_> {
         fd: Resource<Descriptor>,
         offset: types::Filesize,
     ) -> FsResult<Resource<DynInputStream>> {
-        HostDescriptor::read_via_stream(&mut self.inner, fd, offset)
+        self.admit_stream()?;
+        let stream = HostDescriptor::read_via_stream(&mut self.inner, fd, offset)?;
+        self.guard.stream_made(stream.rep());
+        Ok(stream)
     }
 
     fn write_via_stream(
@@ -626,14 +554,20 @@ impl HostDescriptor for SandboxFsView<'_> {
         fd: Resource<Descriptor>,
         offset: types::Filesize,
     ) -> FsResult<Resource<DynOutputStream>> {
-        HostDescriptor::write_via_stream(&mut self.inner, fd, offset)
+        self.admit_stream()?;
+        let stream = HostDescriptor::write_via_stream(&mut self.inner, fd, offset)?;
+        self.guard.stream_made(stream.rep());
+        Ok(stream)
     }
 
     fn append_via_stream(
         &mut self,
         fd: Resource<Descriptor>,
     ) -> FsResult<Resource<DynOutputStream>> {
-        HostDescriptor::append_via_stream(&mut self.inner, fd)
+        self.admit_stream()?;
+        let stream = HostDescriptor::append_via_stream(&mut self.inner, fd)?;
+        self.guard.stream_made(stream.rep());
+        Ok(stream)
     }
 
     async fn is_same_object(
@@ -668,7 +602,7 @@ impl HostDirectoryEntryStream for SandboxFsView<'_> {
     ) -> FsResult<Option<types::DirectoryEntry>> {
         let listing: Resource<SharedDirStream> = Resource::new_borrow(stream.rep());
         let listing = Arc::clone(self.inner.table.get(&listing)?);
-        let entry = blocking(self.guard.inline, "read-directory-entry", move || {
+        let entry = blocking("read-directory-entry", move || {
             listing
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())

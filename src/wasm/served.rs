@@ -7,6 +7,8 @@
 //!                                              │  ancestor or a descendant of one
 //! delete call starts ─────────▶ release ───────┤
 //! guest rename-at ─▶ real paths of source and destination ─▶ touches? ─▶ refused
+//!                 ─▶ else announced as moving until the rename returns ──▶ reserve of a path
+//!                    at or below one refused meanwhile (no lock held across the syscall)
 //! ```
 //!
 //! Why: the kubelet follows links in a PV's path, and tenants' pods can plant links anywhere
@@ -40,6 +42,16 @@ pub enum ServedError {
         /// Its path.
         other_path: String,
     },
+    /// A guest is renaming this path or a directory above it right now.
+    #[error(
+        "{path} is being moved: a rename of {moving} has not returned yet (it may wait on a lock another process holds); try again"
+    )]
+    Moving {
+        /// The returned path.
+        path: String,
+        /// The source or destination of the rename in progress.
+        moving: String,
+    },
     /// The path is a granted prefix or granted directory itself (or above one).
     #[error(
         "{path} is the granted directory {granted} or lies above it; a volume must be a directory below it"
@@ -67,6 +79,8 @@ struct Index {
     /// it.
     by_path: BTreeMap<Arc<Path>, u32>,
     by_volume: HashMap<Box<str>, Arc<Path>>,
+    /// Sources and destinations of renames in progress, each with how many renames name it.
+    moving: BTreeMap<PathBuf, u32>,
 }
 
 impl Index {
@@ -137,6 +151,12 @@ impl Index {
             .map(|(at, _)| nested("contains", at))
     }
 
+    /// A path being moved that `path` is, or lies below.
+    fn moving_over<'p>(&self, path: &'p Path) -> Option<&'p Path> {
+        path.ancestors()
+            .find(|above| self.moving.contains_key(*above))
+    }
+
     /// A served path that `path` is, or lies above.
     fn touches(&self, path: &Path) -> Option<&Path> {
         self.by_path
@@ -180,6 +200,12 @@ impl ServedPaths {
             }
         }
         let mut index = self.lock();
+        if let Some(moving) = index.moving_over(path) {
+            return Err(ServedError::Moving {
+                path: path.display().to_string(),
+                moving: moving.display().to_string(),
+            });
+        }
         if let Some(conflict) = index.conflict(volume, path) {
             return Err(conflict);
         }
@@ -213,11 +239,23 @@ impl ServedPaths {
         self.lock().touches(path).map(Path::to_owned)
     }
 
-    /// Runs `f` while no path can be reserved (a rename checked against the index happens
-    /// before any volume it could affect is served).
-    pub fn while_unchanged<R>(&self, f: impl FnOnce(&dyn Fn(&Path) -> Option<PathBuf>) -> R) -> R {
-        let index = self.lock();
-        f(&|path| index.touches(path).map(Path::to_owned))
+    /// A rename of `paths` (its source and destination) is about to happen: refused, with the
+    /// path and the served path it touches, if either is a served path or lies above one;
+    /// otherwise no path at or below either can be reserved until the returned guard is
+    /// dropped, right after the rename returned. Checked and announced in one step, so no
+    /// volume a rename could move is served in between, and nothing is locked meanwhile.
+    pub fn begin_move<'p>(&self, paths: [&'p Path; 2]) -> Result<Move<'_>, (&'p Path, PathBuf)> {
+        let mut index = self.lock();
+        for path in paths {
+            if let Some(served) = index.touches(path) {
+                return Err((path, served.to_owned()));
+            }
+        }
+        let paths = paths.map(Path::to_owned);
+        for path in &paths {
+            *index.moving.entry(path.clone()).or_default() += 1;
+        }
+        Ok(Move { index: self, paths })
     }
 
     /// How many paths are served.
@@ -228,6 +266,27 @@ impl ServedPaths {
     /// Whether none is.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// A rename in progress, announced to the index until dropped.
+#[must_use = "the move ends when this is dropped"]
+pub struct Move<'i> {
+    index: &'i ServedPaths,
+    paths: [PathBuf; 2],
+}
+
+impl Drop for Move<'_> {
+    fn drop(&mut self) {
+        let mut index = self.index.lock();
+        for path in &self.paths {
+            if let Some(count) = index.moving.get_mut(path) {
+                *count -= 1;
+                if *count == 0 {
+                    index.moving.remove(path);
+                }
+            }
+        }
     }
 }
 
@@ -298,6 +357,39 @@ mod tests {
         ] {
             assert_eq!(index.touches(Path::new(path)).is_some(), touches, "{path}");
         }
+    }
+
+    #[test]
+    fn a_rename_in_progress_holds_off_paths_at_or_below_it_only_until_it_returns() {
+        let index = ServedPaths::default();
+        reserve(&index, "a", "/srv/vol/a").unwrap();
+        let refused = index
+            .begin_move([Path::new("/srv/vol"), Path::new("/srv/other")])
+            .err()
+            .expect("the grant holds a served path");
+        assert_eq!(refused.1, Path::new("/srv/vol/a"));
+        let moving = index
+            .begin_move([Path::new("/srv/vol/x"), Path::new("/srv/vol/y")])
+            .expect("neither holds a served path");
+        // The index is not locked meanwhile: other volumes are served.
+        assert_eq!(reserve(&index, "b", "/srv/vol/b"), Ok(()));
+        for path in ["/srv/vol/x", "/srv/vol/x/v", "/srv/vol/y/v/w"] {
+            assert!(
+                matches!(reserve(&index, "c", path), Err(ServedError::Moving { .. })),
+                "{path}"
+            );
+        }
+        let again = index
+            .begin_move([Path::new("/srv/vol/x"), Path::new("/srv/vol/z")])
+            .unwrap();
+        drop(moving);
+        assert!(matches!(
+            reserve(&index, "c", "/srv/vol/x/v"),
+            Err(ServedError::Moving { .. })
+        ));
+        assert_eq!(reserve(&index, "c", "/srv/vol/y/v"), Ok(()));
+        drop(again);
+        assert_eq!(reserve(&index, "d", "/srv/vol/x/v"), Ok(()));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod e2e;
+pub mod locks;
 pub mod suite;
 
 use std::path::{Path, PathBuf};

@@ -20,6 +20,12 @@
 //!                    term), whatever node the scheduler chose
 //! stream-hoard       open <file>, make a read stream, drop the descriptor; again and again
 //! listing-hoard      open <count> listings of <dir> (default: until refused), read none
+//! read-hoard         open <file> once, then <count> (default 20,000) read streams of it, each
+//!                    with a 64 KiB read started and kept
+//! pollable-hoard     one read stream of <file>, then <count> pollables of it, kept
+//! preopen-hoard      ask for the granted directories <count> times, keep every handle
+//! locked             one filesystem call <op> that a lock held by another process can stop:
+//!                    write, set-times, link, rename (of <file>), mkdir, list (in <dir>)
 //! list-all           read every entry of <dir>, <passes> times (default once)
 //! disk-work          one filesystem call whose work grows with what is on disk, on <file>:
 //!                    <op> = set-size (to 0), open-truncate, unlink, close-unlinked (open,
@@ -88,7 +94,8 @@ impl Guest for NodeAttack {
                 Err(error) => format!("{what}: {error}"),
             })
         };
-        match parameter(params, "attack").unwrap_or("none") {
+        let attack = parameter(params, "attack").unwrap_or("none");
+        match attack {
             "relative-link" => {
                 note(
                     format!("symlink {pv} -> ../../../../etc"),
@@ -232,6 +239,25 @@ impl Guest for NodeAttack {
                 note(format!("listings of {dir:?}"), outcome);
                 Err(ProvisionError::Final(format!("did: {}", did.join("; "))))
             }
+            "read-hoard" | "pollable-hoard" | "preopen-hoard" => {
+                let file = parameter(params, "file").unwrap_or("file");
+                let count = parameter(params, "count").and_then(|c| c.parse().ok());
+                let count = count.unwrap_or(20_000);
+                let outcome = match attack {
+                    "read-hoard" => hoard::reads(&config, file, count),
+                    "pollable-hoard" => hoard::pollables(&config, file, count),
+                    _ => hoard::preopens(count),
+                };
+                note(format!("{attack} x{count}"), outcome);
+                Err(ProvisionError::Final(format!("did: {}", did.join("; "))))
+            }
+            "locked" => {
+                let op = parameter(params, "op").unwrap_or("write");
+                let file = parameter(params, "file").unwrap_or("file");
+                let dir = parameter(params, "dir").unwrap_or("dir");
+                note(format!("{op}"), hoard::locked(&config, op, file, dir));
+                Err(ProvisionError::Final(format!("did: {}", did.join("; "))))
+            }
             "list-all" => {
                 let dir = parameter(params, "dir").unwrap_or("");
                 let passes: usize = parameter(params, "passes")
@@ -280,7 +306,9 @@ impl Guest for NodeAttack {
                         value: format!("v{forged}"),
                     }],
                 );
-                println!("stdout text\rFORGED carriage return\u{2028}FORGED separator\u{202e}desrever");
+                println!(
+                    "stdout text\rFORGED carriage return\u{2028}FORGED separator\u{202e}desrever"
+                );
                 Err(ProvisionError::Final(format!("final{forged}")))
             }
             "none" => normal_volume(&config, pv),
@@ -386,6 +414,91 @@ mod hoard {
         }
     }
 
+    /// One descriptor of `file`, then `count` read streams of it, each with a 64 KiB read
+    /// started in the background (the host keeps the buffer while it waits).
+    pub fn reads(config: &Config, file: &str, count: usize) -> Result<(), String> {
+        let opened = open_file(config, file)?;
+        let mut held = Vec::new();
+        while held.len() < count {
+            let stream = opened
+                .read_via_stream(0)
+                .map_err(|code| format!("{} streams held, then stream: {code}", held.len()))?;
+            let _ = stream.read(64 << 10);
+            held.push(stream);
+        }
+        Ok(())
+    }
+
+    /// One read stream of `file`, then `count` pollables of it.
+    pub fn pollables(config: &Config, file: &str, count: usize) -> Result<(), String> {
+        let opened = open_file(config, file)?;
+        let stream = opened
+            .read_via_stream(0)
+            .map_err(|code| format!("stream: {code}"))?;
+        let held: Vec<_> = (0..count).map(|_| stream.subscribe()).collect();
+        drop(held);
+        Ok(())
+    }
+
+    /// The granted directories, asked for `count` times, every handle kept.
+    pub fn preopens(count: usize) -> Result<(), String> {
+        let held: Vec<_> = (0..count)
+            .map(|_| wasip2::filesystem::preopens::get_directories())
+            .collect();
+        drop(held);
+        Ok(())
+    }
+
+    /// One call another process' lock on `file` (or on the directory `dir`) can hold up.
+    pub fn locked(config: &Config, op: &str, file: &str, dir: &str) -> Result<(), String> {
+        use wasip2::filesystem::types::NewTimestamp;
+        let root = preopen(config)?;
+        let fail = |code: wasip2::filesystem::types::ErrorCode| code.to_string();
+        match op {
+            "write" => open_file(config, file)?
+                .write(b"guest", 0)
+                .map(drop)
+                .map_err(fail),
+            "set-times" => open_file(config, file)?
+                .set_times(NewTimestamp::Now, NewTimestamp::Now)
+                .map_err(fail),
+            "link" => root
+                .link_at(PathFlags::empty(), file, &root, &format!("{file}.link"))
+                .map_err(fail),
+            "rename" => root
+                .rename_at(file, &root, &format!("{file}.renamed"))
+                .map_err(fail),
+            "mkdir" => root
+                .create_directory_at(&format!("{dir}/made"))
+                .map_err(fail),
+            "list" => {
+                let listed = root
+                    .open_at(
+                        PathFlags::empty(),
+                        dir,
+                        OpenFlags::DIRECTORY,
+                        DescriptorFlags::READ,
+                    )
+                    .map_err(fail)?;
+                let entries = listed.read_directory().map_err(fail)?;
+                while entries.read_directory_entry().map_err(fail)?.is_some() {}
+                Ok(())
+            }
+            other => Err(format!("unknown op {other:?}")),
+        }
+    }
+
+    fn open_file(config: &Config, file: &str) -> Result<Descriptor, String> {
+        preopen(config)?
+            .open_at(
+                PathFlags::empty(),
+                file,
+                OpenFlags::CREATE,
+                DescriptorFlags::READ | DescriptorFlags::WRITE,
+            )
+            .map_err(|code| format!("open {file}: {code}"))
+    }
+
     /// Listings of `dir` opened and kept unread.
     pub fn listings(config: &Config, dir: &str, count: usize) -> Result<(), String> {
         let root = preopen(config)?;
@@ -424,6 +537,22 @@ mod hoard {
     }
 
     pub fn listings(_config: &Config, _dir: &str, _count: usize) -> Result<(), String> {
+        Err("only inside WebAssembly".into())
+    }
+
+    pub fn reads(_config: &Config, _file: &str, _count: usize) -> Result<(), String> {
+        Err("only inside WebAssembly".into())
+    }
+
+    pub fn pollables(_config: &Config, _file: &str, _count: usize) -> Result<(), String> {
+        Err("only inside WebAssembly".into())
+    }
+
+    pub fn preopens(_count: usize) -> Result<(), String> {
+        Err("only inside WebAssembly".into())
+    }
+
+    pub fn locked(_config: &Config, _op: &str, _file: &str, _dir: &str) -> Result<(), String> {
         Err("only inside WebAssembly".into())
     }
 }
