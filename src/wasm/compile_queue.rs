@@ -105,6 +105,12 @@ impl CompileQueue {
         }
     }
 
+    /// The outcome of a compile of the module with SHA-256 `sha256` that ended and was not
+    /// taken yet (taken now: the caller keeps it).
+    pub fn take(&self, sha256: &str) -> Option<Result<Component, LoadError>> {
+        self.shared.lock().done.remove(sha256)
+    }
+
     /// The module with SHA-256 `sha256`: its compile's outcome (taken: the caller keeps it), or
     /// pending (queued now if it was not).
     pub fn get(&self, display: &str, bytes: &[u8], sha256: &str) -> Compiled {

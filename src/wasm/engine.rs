@@ -338,6 +338,15 @@ impl WasmEngine {
         display: &str,
         bytes: &[u8],
     ) -> Result<(String, Option<Component>), LoadError> {
+        let sha256 = self.admit(display, bytes)?;
+        let cached = self.known(display, &sha256)?;
+        Ok((sha256, cached))
+    }
+
+    /// The SHA-256 of bytes that may be compiled at all; an error for bytes refused on sight
+    /// (too large, or a precompiled artifact, which from a plugins directory would be native
+    /// code).
+    pub fn admit(&self, display: &str, bytes: &[u8]) -> Result<String, LoadError> {
         if bytes.len() > MAX_MODULE_BYTES {
             return Err(LoadError::Compile {
                 path: display.to_string(),
@@ -347,24 +356,27 @@ impl WasmEngine {
                 ),
             });
         }
-        // Precompiled artifacts are refused: from a plugins directory they would be native code.
         if Engine::detect_precompiled(bytes).is_some() {
             return Err(LoadError::Precompiled {
                 path: display.to_string(),
             });
         }
-        let sha256 = hex::encode(Sha256::digest(bytes));
-        if let Some(message) = self.refused_before(&sha256) {
+        Ok(hex::encode(Sha256::digest(bytes)))
+    }
+
+    /// The cached component of the module with SHA-256 `sha256`, if any; an error when it was
+    /// refused before (in this process, or by a record in the module cache).
+    pub fn known(&self, display: &str, sha256: &str) -> Result<Option<Component>, LoadError> {
+        if let Some(message) = self.refused_before(sha256) {
             return Err(LoadError::RefusedBefore {
                 path: display.to_string(),
                 message,
             });
         }
-        let cached = self
+        Ok(self
             .cache
             .as_ref()
-            .and_then(|c| c.get(&self.engine, &sha256));
-        Ok((sha256, cached))
+            .and_then(|c| c.get(&self.engine, sha256)))
     }
 
     /// Compiles `bytes` (SHA-256 `sha256`): in the compiler child when there is one, else here.

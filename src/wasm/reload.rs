@@ -305,12 +305,24 @@ impl Loader {
         let loaded = match &self.queue {
             None => self.engine.load_bytes(name, &display, &bytes, grants),
             Some(queue) => {
-                let (sha256, cached) = self
+                let sha256 = self
                     .engine
-                    .compiled_before(&display, &bytes)
+                    .admit(&display, &bytes)
                     .map_err(|e| rejected(wasm, e.to_string()))?;
+                // A compile that ended since the last scan is reported as itself: the engine
+                // already remembers a refusal, and "refused before" would hide why (killed,
+                // out of time, invalid) the first time anyone hears of it.
+                let cached = match queue.take(&sha256) {
+                    Some(Ok(component)) => Some((component, true)),
+                    Some(Err(error)) => return Err(rejected(wasm, error.to_string())),
+                    None => self
+                        .engine
+                        .known(&display, &sha256)
+                        .map_err(|e| rejected(wasm, e.to_string()))?
+                        .map(|component| (component, false)),
+                };
                 let (component, fresh) = match cached {
-                    Some(component) => (component, false),
+                    Some(cached) => cached,
                     None => match queue.get(&display, &bytes, &sha256) {
                         Compiled::Ready(component) => (component, true),
                         Compiled::Refused(error) => return Err(rejected(wasm, error.to_string())),

@@ -247,6 +247,13 @@ async fn a_good_guest_serves_while_slow_modules_still_compile() {
         beside.problems
     );
     assert_eq!(beside.problems.len(), 2, "both slow modules refused");
+    // The first report of a compile says why it failed, not that it failed before.
+    for problem in &beside.problems {
+        assert!(
+            !problem.contains("refused before"),
+            "the first refusal hides its reason: {problem}"
+        );
+    }
     // The order, not a time: the good guest served before either slow module was decided.
     let decided: Vec<String> = beside
         .first_good
