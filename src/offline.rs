@@ -142,10 +142,9 @@ pub async fn provision(
     let pv_name = decide::pv_name(&claim).expect("uid set above");
     let request = match storage::qualify(guest, &claim, &class, &pv_name).await? {
         Qualified::Ready(request) => request,
-        Qualified::NoBlock => bail!(
-            "{} does not support block volume provisioning",
-            class.provisioner
-        ),
+        Qualified::Unsupported(missing) => {
+            bail!("{}", missing.refusal(&class.provisioner, guest.name()))
+        }
         Qualified::Declined => bail!(
             "guest {} declined the claim (its qualifier hook returned false)",
             guest.name()

@@ -340,7 +340,7 @@ async fn hooks_default_when_absent_and_run_when_present() {
 
     let s = Fixture::new("scripted", SCRIPTED, "/state", "");
     let scripted = s.guest(SCRIPTED);
-    assert_eq!(scripted.contract().hooks.len(), 3);
+    assert_eq!(scripted.contract().hooks.len(), 4);
     assert!(scripted.supports_block().await.unwrap());
     let mut skipped = claim("c");
     skipped
@@ -357,6 +357,39 @@ async fn hooks_default_when_absent_and_run_when_present() {
             .should_provision(&claim("d"), &class(SCRIPTED, &[]))
             .await
             .unwrap()
+    );
+}
+
+/// What each guest serves beyond a plain claim: declared by the `capabilities` hook, read from
+/// `block-support` for a guest built before it (it still loads), nothing without either.
+#[tokio::test]
+async fn capabilities_come_from_the_hook_or_the_old_block_hook() {
+    use wasm_provisioner::wasm::capabilities::{Capabilities, Capability};
+    let h = Fixture::new("hostpath", HOSTPATH, "/volumes", "");
+    assert_eq!(
+        h.guest(HOSTPATH).capabilities().await.unwrap(),
+        Capabilities::NONE,
+        "hostpath declares nothing: no block, no selector"
+    );
+    let s = Fixture::new("scripted", SCRIPTED, "/state", "");
+    let scripted = s.guest(SCRIPTED).capabilities().await.unwrap();
+    assert!(scripted.has(Capability::Block) && scripted.has(Capability::Selector));
+    const LEGACY: &str = "test.wasm-provisioner.dev/legacy-block";
+    let l = Fixture::new("legacy_block", LEGACY, "/state", "");
+    let legacy = l.guest(LEGACY);
+    assert_eq!(
+        legacy
+            .contract()
+            .hooks
+            .iter()
+            .map(|h| h.as_str())
+            .collect::<Vec<_>>(),
+        ["block-support"]
+    );
+    assert_eq!(
+        legacy.capabilities().await.unwrap(),
+        Capabilities::NONE.with(Capability::Block),
+        "a guest built before the capabilities hook keeps its block claims, and no more"
     );
 }
 

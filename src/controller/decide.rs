@@ -7,6 +7,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 
+use crate::wasm::capabilities::{Capabilities, Capability};
+
 /// The GA storage-provisioner annotation the PV controller sets on claims (Kubernetes 1.23+).
 pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
 /// The beta annotation, the only one Kubernetes up to 1.22 sets.
@@ -70,6 +72,15 @@ pub fn pv_name(pvc: &PersistentVolumeClaim) -> Option<String> {
 /// Whether the claim wants a raw block volume.
 pub fn wants_block(pvc: &PersistentVolumeClaim) -> bool {
     pvc.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block")
+}
+
+/// What the claim needs beyond a plain volume. A guest that does not declare all of it is never
+/// called for the claim: it is refused, not provisioned as if it needed nothing.
+pub fn claim_needs(pvc: &PersistentVolumeClaim) -> Capabilities {
+    let selector = pvc.spec.as_ref().is_some_and(|s| s.selector.is_some());
+    Capabilities::NONE
+        .with_if(Capability::Block, wants_block(pvc))
+        .with_if(Capability::Selector, selector)
 }
 
 /// Whether an object carries a finalizer.
@@ -625,5 +636,54 @@ mod tests {
         assert_eq!(selected_node(&c), Some("n2"));
         assert_eq!(pv_name(&c).as_deref(), Some("pvc-uid-a"));
         assert!(!wants_block(&c));
+    }
+
+    /// The gate: a claim is refused, naming the first capability it needs that its guest does
+    /// not declare; a guest is asked nothing about a plain claim.
+    #[test]
+    fn claims_needing_what_the_guest_does_not_declare_are_refused() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+        let with = |block: bool, selector: Option<LabelSelector>| {
+            let mut c = claim("c").0;
+            let spec = c.spec.as_mut().unwrap();
+            spec.volume_mode = block.then(|| "Block".into());
+            spec.selector = selector;
+            c
+        };
+        let labels = LabelSelector {
+            match_labels: Some([("tier".to_string(), "gold".to_string())].into()),
+            ..Default::default()
+        };
+        let none = Capabilities::NONE;
+        let block = none.with(Capability::Block);
+        let selector = none.with(Capability::Selector);
+        let both = block.with(Capability::Selector);
+        let (b, s) = (Some(Capability::Block), Some(Capability::Selector));
+        #[rustfmt::skip]
+        let table = [
+            // claim                                declared   refused for
+            (with(false, None),                     none,      None),
+            (with(true, None),                      none,      b),
+            (with(true, None),                      block,     None),
+            (with(false, Some(labels.clone())),     none,      s),
+            (with(false, Some(labels.clone())),     block,     s),
+            (with(false, Some(labels.clone())),     selector,  None),
+            // An empty selector is still a selector (Kubernetes' own provisioners refuse it).
+            (with(false, Some(Default::default())), none,      s),
+            (with(true, Some(labels.clone())),      selector,  b),
+            (with(true, Some(labels.clone())),      block,     s),
+            (with(true, Some(labels)),              both,      None),
+        ];
+        for (i, (pvc, declared, refused)) in table.into_iter().enumerate() {
+            assert_eq!(
+                claim_needs(&pvc).first_missing(declared),
+                refused,
+                "row {i}"
+            );
+        }
+        assert!(
+            claim_needs(&with(false, None)).is_empty(),
+            "a plain claim asks nothing"
+        );
     }
 }

@@ -19,6 +19,8 @@ pub enum Hook {
     DeletionGuard,
     /// `block-support.supports-block`.
     BlockSupport,
+    /// `capabilities.supported`.
+    Capabilities,
 }
 
 impl Hook {
@@ -28,6 +30,7 @@ impl Hook {
             Hook::Qualifier => "qualifier",
             Hook::DeletionGuard => "deletion-guard",
             Hook::BlockSupport => "block-support",
+            Hook::Capabilities => "capabilities",
         }
     }
 
@@ -36,6 +39,7 @@ impl Hook {
             "qualifier" => Some(Hook::Qualifier),
             "deletion-guard" => Some(Hook::DeletionGuard),
             "block-support" => Some(Hook::BlockSupport),
+            "capabilities" => Some(Hook::Capabilities),
             _ => None,
         }
     }

@@ -546,6 +546,8 @@ impl WasmEngine {
             .then(|| block_support::GuestIndices::new(&pre))
             .transpose()
             .map_err(link_err)?;
+        let capabilities = super::capabilities::find_hook(&component, &contract.exports)
+            .map_err(|e| link_err(e.into()))?;
         Ok(Guest {
             lingering: Default::default(),
             name: name.into(),
@@ -561,6 +563,7 @@ impl WasmEngine {
             qualifier,
             deletion_guard,
             block_support,
+            capabilities,
             metrics: self.metrics.clone(),
             executor: self.executor.clone(),
         })

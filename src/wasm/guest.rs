@@ -1,7 +1,7 @@
 //! A loaded guest and the one call path every export takes.
 //!
 //! ```text
-//! provision / delete / should-provision / should-delete / supports-block
+//! provision / delete / should-provision / should-delete / supported (capabilities) / supports-block
 //!   ─▶ dispatch (guest threads) ─▶ Guest::call::<Export>
 //!        slot (guest, pool) ─▶ fresh Store: grants, limiter, fs guard, fuel, epoch deadline
 //!        ─▶ timeout( instantiate ─▶ Export::invoke ) ─▶ finish: log output, classify, metrics
@@ -27,6 +27,7 @@ use super::bindings::types::{
     Claim, DeleteRequest, ProvisionError, ProvisionRequest, StorageClass, Volume,
 };
 use super::bindings::{block_support, deletion_guard, lifecycle, qualifier};
+use super::capabilities::{Capabilities, Capability};
 use super::contract::ContractInfo;
 use super::errors::{CallError, FaultKind, error_label};
 use super::executor::GuestExecutor;
@@ -65,6 +66,8 @@ pub struct Guest {
     pub(super) qualifier: Option<qualifier::GuestIndices>,
     pub(super) deletion_guard: Option<deletion_guard::GuestIndices>,
     pub(super) block_support: Option<block_support::GuestIndices>,
+    /// `capabilities.supported`, called by name ([`super::capabilities`]).
+    pub(super) capabilities: Option<wasmtime::component::ComponentExportIndex>,
     pub(super) metrics: Option<Metrics>,
     pub(super) executor: Option<GuestExecutor>,
     /// Filesystem operations its ended calls left running ([`super::handles`]).
@@ -104,6 +107,7 @@ struct ShouldDelete<'r> {
     volume: &'r Volume,
 }
 struct SupportsBlock<'r>(&'r block_support::GuestIndices);
+struct Supported<'r>(&'r wasmtime::component::ComponentExportIndex);
 
 impl Export for Provision<'_> {
     type Output = Result<super::spec::VolumeSpecBuilder, ProvisionError>;
@@ -177,6 +181,30 @@ impl Export for SupportsBlock<'_> {
     ) -> wasmtime::Result<bool> {
         let exports = self.0.load(&mut *store, instance)?;
         exports.call_supports_block(&mut *store).await
+    }
+}
+
+impl Export for Supported<'_> {
+    type Output = Capabilities;
+    const OPERATION: &'static str = "supported";
+    async fn invoke(
+        self,
+        _guest: &Guest,
+        store: &mut Store<GuestState>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Capabilities> {
+        use wasmtime::component::Val;
+        let func = instance
+            .get_func(&mut *store, self.0)
+            .ok_or_else(|| wasmtime::format_err!("capabilities.supported is not exported"))?;
+        let mut results = [Val::Bool(false)];
+        func.call_async(&mut *store, &[], &mut results).await?;
+        match &results[0] {
+            Val::Flags(names) => Ok(Capabilities::from_flags(names.iter().map(String::as_str))),
+            other => Err(wasmtime::format_err!(
+                "capabilities.supported returned {other:?}, not flags"
+            )),
+        }
     }
 }
 
@@ -297,6 +325,23 @@ impl Guest {
             guest.call(SupportsBlock(indices)).await
         })
         .await
+    }
+
+    /// What the guest serves beyond a plain claim: its `capabilities` hook, else (a guest built
+    /// before that hook) `block` when its `block-support` hook says yes, else nothing.
+    pub async fn capabilities(&self) -> Result<Capabilities, CallError> {
+        if self.capabilities.is_some() {
+            return self
+                .dispatch(|guest| async move {
+                    let Some(index) = &guest.capabilities else {
+                        return Ok(Capabilities::NONE);
+                    };
+                    guest.call(Supported(index)).await
+                })
+                .await;
+        }
+        let block = self.supports_block().await?;
+        Ok(Capabilities::NONE.with_if(Capability::Block, block))
     }
 
     /// The checks a returned volume passes before it may become a PV: the grants, the
@@ -663,5 +708,11 @@ impl<T> CallOutcome for Result<T, ProvisionError> {
             Ok(_) => "ok",
             Err(error) => error_label(error),
         }
+    }
+}
+
+impl CallOutcome for Capabilities {
+    fn label(&self) -> &'static str {
+        "ok"
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod bindings;
 pub mod cache;
+pub mod capabilities;
 pub mod compile_queue;
 pub mod compiler;
 pub mod contract;

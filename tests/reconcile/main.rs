@@ -3,6 +3,7 @@
 //! of the claim and volume paths; the whole layer runs in seconds. The end-to-end suites prove
 //! the same paths against a real control plane.
 
+mod capabilities;
 mod claim_cache;
 #[path = "../common/mod.rs"]
 mod common;

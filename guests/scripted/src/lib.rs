@@ -6,7 +6,8 @@
 //!            ─▶ scripted failure (fail, failTimes) or mkdir <pv> + hostPath <node-dir>/<pv>
 //! delete:    append calls.log ─▶ scripted failure (delete-fail annotations) ─▶ deleteDelayMs ─▶ rm -r <pv> (or the byClaim directory)
 //! hooks:     should-provision (claim skip annotation), should-delete (PV keep annotation),
-//!            supports-block (always true)
+//!            supported (capabilities: block and selector), supports-block (always true; the
+//!            host asks `supported` instead, this stays for the old contract's sake)
 //! ```
 //!
 //! The parameters are documented on [`script::ProvisionScript`]; everything the guest records
@@ -25,6 +26,7 @@ wit_bindgen::generate!({
 });
 
 use config::ScriptedConfig;
+use exports::wasm_provisioner::provisioner::capabilities::{self, CapabilitySet};
 use exports::wasm_provisioner::provisioner::{block_support, deletion_guard, lifecycle, qualifier};
 use script::ProvisionScript;
 use wasm_provisioner::provisioner::host;
@@ -61,6 +63,12 @@ impl deletion_guard::Guest for Scripted {
 impl block_support::Guest for Scripted {
     fn supports_block() -> bool {
         true
+    }
+}
+
+impl capabilities::Guest for Scripted {
+    fn supported() -> CapabilitySet {
+        CapabilitySet::BLOCK | CapabilitySet::SELECTOR
     }
 }
 

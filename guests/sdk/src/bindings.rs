@@ -46,6 +46,18 @@ pub mod hooks {
         });
     }
 
+    /// `capabilities` (`supported`).
+    pub mod capabilities {
+        wit_bindgen::generate!({
+            path: "../../wit",
+            inline: "package wasm-provisioner:sdk-capabilities;
+                     world capabilities-hook { export wasm-provisioner:provisioner/capabilities@0.1.0; }",
+            world: "wasm-provisioner:sdk-capabilities/capabilities-hook",
+            pub_export_macro: true,
+            export_macro_name: "export_capabilities",
+        });
+    }
+
     /// `block-support` (`supports-block`).
     pub mod block_support {
         wit_bindgen::generate!({

@@ -57,18 +57,30 @@ pub trait Provisioner {
         true
     }
 
-    /// Hook `block-support`: whether `volumeMode: Block` claims can be provisioned.
+    /// Hook `capabilities`: what the guest serves beyond a plain claim (`Capabilities::BLOCK`
+    /// for `volumeMode: Block`, `Capabilities::SELECTOR` for claims with `spec.selector`). The
+    /// host refuses a claim needing what is not declared, with an event, before calling
+    /// `provision`. Export it with `hooks: [capabilities]`; it supersedes `block_support`.
+    fn capabilities() -> Capabilities {
+        Capabilities::empty()
+    }
+
+    /// Hook `block-support` (the contract before `capabilities`): whether `volumeMode: Block`
+    /// claims can be provisioned. Not asked when `capabilities` is exported.
     fn supports_block() -> bool {
         false
     }
 }
+
+/// What a guest serves beyond a plain claim ([`Provisioner::capabilities`]); combine with `|`.
+pub use bindings::hooks::capabilities::exports::wasm_provisioner::provisioner::capabilities::CapabilitySet as Capabilities;
 
 /// Exports a [`Provisioner`] as the guest's component exports (only in WebAssembly builds, so
 /// native `cargo test` links). List the optional hooks to export after `hooks:`.
 ///
 /// ```ignore
 /// wasm_provisioner_sdk::export_provisioner!(MyGuest);
-/// wasm_provisioner_sdk::export_provisioner!(MyGuest, hooks: [qualifier, deletion_guard, block_support]);
+/// wasm_provisioner_sdk::export_provisioner!(MyGuest, hooks: [qualifier, deletion_guard, capabilities]);
 /// ```
 #[macro_export]
 macro_rules! export_provisioner {
@@ -94,13 +106,16 @@ macro_rules! __export_hook {
     (deletion_guard, $adapter:ident) => {
         $crate::bindings::hooks::deletion_guard::export_deletion_guard!($adapter with_types_in $crate::bindings::hooks::deletion_guard);
     };
+    (capabilities, $adapter:ident) => {
+        $crate::bindings::hooks::capabilities::export_capabilities!($adapter with_types_in $crate::bindings::hooks::capabilities);
+    };
     (block_support, $adapter:ident) => {
         $crate::bindings::hooks::block_support::export_block_support!($adapter with_types_in $crate::bindings::hooks::block_support);
     };
     ($other:ident, $adapter:ident) => {
         compile_error!(concat!(
             "unknown hook `", stringify!($other),
-            "`: the hooks are qualifier, deletion_guard and block_support"
+            "`: the hooks are qualifier, deletion_guard, capabilities and block_support"
         ));
     };
 }
@@ -153,6 +168,15 @@ pub mod __private {
         {
             fn should_delete(volume: Volume) -> bool {
                 T::should_delete(&volume, &host_config())
+            }
+        }
+
+        impl<T: Provisioner>
+            hooks::capabilities::exports::wasm_provisioner::provisioner::capabilities::Guest
+            for Adapter<T>
+        {
+            fn supported() -> crate::Capabilities {
+                T::capabilities()
             }
         }
 

@@ -296,18 +296,20 @@ async fn call_guest(
         .await?
     {
         Ok(Qualified::Ready(request)) => request,
-        Ok(Qualified::NoBlock) => {
+        Ok(Qualified::Unsupported(missing)) => {
+            // Final for this spec: given up at once (no retries, no threshold to reach), our
+            // finalizer off, the failure counted; an edited claim is looked at again.
             let uid = pvc.metadata.uid.clone().unwrap_or_default();
             ctx.claim_book.give_up(&uid, claim_fingerprint(pvc, ctx));
             handle.release_claim::<ClaimError>(pvc).await?;
+            let class_name = class.metadata.name.as_deref().unwrap_or_default();
+            ctx.metrics
+                .provision_failed(class_name, "PersistentVolumeClaim", "unsupported");
             warn_claim(
                 handle,
                 pvc,
                 events::PROVISIONING_FAILED,
-                format!(
-                    "{} does not support block volume provisioning",
-                    class.provisioner
-                ),
+                missing.refusal(&class.provisioner, guest.name()),
             );
             return Ok(Done::Nothing);
         }

@@ -5,7 +5,7 @@
 //! says why a step did not complete; the log keeps its own ([`intent::IntentError`]) inside it.
 //!
 //! The claim and volume paths, recovery and the offline commands all call guests through here,
-//! so the sequence (block support, request, qualifier, provision; guard, delete) is written once.
+//! so the sequence (capabilities, request, qualifier, provision; guard, delete) is written once.
 //! Gating a call (this replica's lease) is the caller's: each step is one future to wrap. Which
 //! claims and volumes are queued is each path's word, passed in: nothing here imports them.
 //!
@@ -25,6 +25,7 @@ use super::convert::{self, ConvertError, PvIdentity};
 use super::decide;
 use super::gate::GateError;
 use crate::wasm::bindings::types::{ProvisionError, ProvisionRequest};
+use crate::wasm::capabilities::Capability;
 use crate::wasm::{CallError, Guest};
 
 /// Why a step of the protocol did not complete.
@@ -69,8 +70,8 @@ const AHEAD: usize = 64;
 pub enum Qualified {
     /// Ask it to build this.
     Ready(Box<ProvisionRequest>),
-    /// The claim wants a block volume and the guest builds none.
-    NoBlock,
+    /// The claim needs something the guest does not declare (a block volume, a selector).
+    Unsupported(Capability),
     /// The guest's qualifier hook declines the claim.
     Declined,
 }
@@ -91,16 +92,19 @@ pub fn provision_request(
     })
 }
 
-/// The steps before building: block support (when the claim wants a block volume), the request,
-/// the guest's qualifier.
+/// The steps before building: the guest's capabilities (when the claim needs any: a block
+/// volume, a selector), the request, the guest's qualifier.
 pub async fn qualify(
     guest: &Guest,
     pvc: &PersistentVolumeClaim,
     class: &StorageClass,
     pv_name: &str,
 ) -> Result<Qualified, StorageError> {
-    if decide::wants_block(pvc) && !guest.supports_block().await? {
-        return Ok(Qualified::NoBlock);
+    let needs = decide::claim_needs(pvc);
+    if !needs.is_empty()
+        && let Some(missing) = needs.first_missing(guest.capabilities().await?)
+    {
+        return Ok(Qualified::Unsupported(missing));
     }
     let request = provision_request(pvc, class, guest, pv_name)?;
     if !guest
