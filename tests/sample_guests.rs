@@ -343,3 +343,85 @@ fn the_deploy_examples_provision_with_the_shipped_grants() {
         assert!(pv.contains(want), "missing {want:?} in:\n{pv}");
     }
 }
+
+const HOSTPATH: &str = "wasm-provisioner.dev/hostpath";
+
+/// The refusal of a delete whose storage lies outside the guest's current grants.
+fn refused_message(result: Result<(), CallError>) -> String {
+    match result {
+        Err(error @ CallError::Refused { .. }) => error.to_string(),
+        other => panic!("expected the host to refuse the delete, got {other:?}"),
+    }
+}
+
+/// Issue 32: a grant whose directory was moved (or whose export changed) while volumes lay
+/// there. Before, the guest looked in the new directory, found nothing and answered "already
+/// gone": the PV would be deleted and the data kept, silently. Now the host refuses the delete
+/// before calling the guest, naming where the storage is, and nothing is touched.
+#[tokio::test]
+async fn a_delete_of_storage_outside_the_current_grants_is_refused_and_nothing_touched() {
+    let hostpath_dir = "/var/lib/wasm-provisioner/hostpath";
+    let before = Loaded::new("hostpath", HOSTPATH, hostpath_dir, &[]);
+    let req = before.request(&[], None);
+    let built = before.provision(&req).await;
+    let data = before.path(&format!("{}/data", req.pv_name));
+    std::fs::write(&data, b"keep me").unwrap();
+    // The operator points the grant at another directory; the volume stays where it was.
+    let moved = Loaded::new("hostpath", HOSTPATH, hostpath_dir, &[]);
+    let delete = DeleteRequest {
+        volume: as_volume(&req, &built),
+        storage_class: None,
+        config: moved.guest().grants().config_json.clone(),
+    };
+    let message = refused_message(moved.guest().delete(&delete).await);
+    let old_path = before.path(&req.pv_name).display().to_string();
+    for words in [
+        "the host refused to call guest hostpath",
+        old_path.as_str(),
+        "outside the guest's current grants",
+        "moved or its [[dirs]] entry dropped",
+        "release-finalizers",
+    ] {
+        assert!(message.contains(words), "{words:?} in {message}");
+    }
+    assert_eq!(std::fs::read(&data).unwrap(), b"keep me", "nothing deleted");
+    // The grant as it was still deletes it.
+    before.delete(&req, &built).await;
+    assert!(!data.exists());
+
+    // An NFS export the grant no longer covers.
+    let nfs = nfs_subdir(&[]);
+    let req = nfs.request(&[], None);
+    let built = nfs.provision(&req).await;
+    let dir = nfs.path(&format!("ns-data-pvc-{}", req.claim.uid));
+    let moved = nfs_subdir(&[("/srv/nfs/k8s", "/srv/nfs/elsewhere")]);
+    let delete = DeleteRequest {
+        volume: as_volume(&req, &built),
+        storage_class: None,
+        config: moved.guest().grants().config_json.clone(),
+    };
+    let message = refused_message(moved.guest().delete(&delete).await);
+    assert!(
+        message.contains("NFS export nfs.example.com:/srv/nfs/k8s/ns-data-pvc-"),
+        "{message}"
+    );
+    assert!(dir.is_dir(), "the NFS directory stays");
+
+    // The path is shown escaped: a PV's text cannot forge an event.
+    let mut volume = as_volume(&req, &built);
+    volume.source =
+        VolumeSource::HostPath(wasm_provisioner::wasm::bindings::types::HostPathSource {
+            path: "/elsewhere/\u{202e}gpj.exe\nforged".into(),
+            kind: wasm_provisioner::wasm::bindings::types::HostPathType::Directory,
+        });
+    let delete = DeleteRequest {
+        volume,
+        storage_class: None,
+        config: nfs.guest().grants().config_json.clone(),
+    };
+    let message = refused_message(nfs.guest().delete(&delete).await);
+    assert!(
+        !message.contains('\u{202e}') && !message.contains('\n'),
+        "{message:?}"
+    );
+}

@@ -137,6 +137,15 @@ pub enum CallError {
         /// Why.
         message: String,
     },
+    /// The host refused to make the call: what it would act on lies outside the guest's
+    /// current grants (a volume to delete whose storage its grant no longer covers).
+    #[error("the host refused to call guest {guest}: {}", printable(.message))]
+    Refused {
+        /// The guest's name.
+        guest: String,
+        /// Why.
+        message: String,
+    },
     /// The guest trapped, ran out of time or memory.
     #[error("guest {guest} failed ({}): {}", .kind.as_str(), printable(.message))]
     Fault {

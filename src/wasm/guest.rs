@@ -24,7 +24,7 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{FsPerms, WasiCtx};
 
 use super::bindings::types::{
-    Claim, DeleteRequest, ProvisionError, ProvisionRequest, StorageClass, Volume,
+    Claim, DeleteRequest, ProvisionError, ProvisionRequest, StorageClass, Volume, VolumeSource,
 };
 use super::bindings::{block_support, deletion_guard, lifecycle, qualifier};
 use super::capabilities::{Capabilities, Capability};
@@ -255,9 +255,12 @@ impl Guest {
         .await
     }
 
-    /// Calls `delete`. The volume's path stops being served first: its storage is going (and
+    /// Calls `delete`, once the volume's storage is found within the guest's current grants
+    /// ([`Guest::check_held`]): a guest cannot see storage outside them, and would answer
+    /// "already gone". The volume's path stops being served first: its storage is going (and
     /// the guest may archive it by renaming it).
     pub async fn delete(&self, request: &DeleteRequest) -> Result<(), CallError> {
+        self.check_held(&request.volume)?;
         super::served::served().release(&request.volume.name);
         let request = request.clone();
         self.dispatch(|guest| async move {
@@ -325,6 +328,38 @@ impl Guest {
             guest.call(SupportsBlock(indices)).await
         })
         .await
+    }
+
+    /// Refuses a delete whose storage lies outside the guest's grants as they are now, with
+    /// the check a returned volume passes ([`super::spec::check_source`]: the kind, the path
+    /// prefix, the NFS server and export, the CSI driver and handle) and, for a node path the
+    /// grant has checked on disk, a read-write granted directory holding it. A grant whose
+    /// directory was moved, or whose `[[dirs]]` entry was dropped, while volumes lay there
+    /// would otherwise have every delete answer "already gone" and leave the data behind.
+    fn check_held(&self, volume: &Volume) -> Result<(), CallError> {
+        let why = match super::spec::check_source(&self.grants, &volume.source) {
+            Err(error) => super::describe_spec_error(&error),
+            Ok(()) => match super::nodepath::node_path(&volume.source) {
+                Some(path)
+                    if self.grants.volumes.on_disk_check != Some(false)
+                        && !self.grants.dirs.iter().any(|dir| {
+                            dir.access == DirAccess::ReadWrite
+                                && Path::new(path).starts_with(&dir.host)
+                        }) =>
+                {
+                    "it lies in no read-write granted directory".to_owned()
+                }
+                _ => return Ok(()),
+            },
+        };
+        Err(CallError::Refused {
+            guest: self.name.to_string(),
+            message: format!(
+                "delete of volume {}: its storage, {}, lies outside the guest's current grants ({why}); was the grant's directory moved or its [[dirs]] entry dropped since it was provisioned? Nothing was deleted and the PV is kept: grant the storage again, or remove it by hand and release the PV (wasm-provisioner release-finalizers)",
+                volume.name,
+                describe_source(&volume.source),
+            ),
+        })
     }
 
     /// What the guest serves beyond a plain claim: its `capabilities` hook, else (a guest built
@@ -650,6 +685,7 @@ impl CallScope<'_> {
                 Ok(value) => (value.label(), false),
                 Err(CallError::Fault { kind, .. }) => (kind.as_str(), true),
                 Err(CallError::Rejected { .. }) => ("rejected", false),
+                Err(CallError::Refused { .. }) => ("refused", false),
                 Err(CallError::Guest { error, .. }) => (error_label(error), false),
             };
             metrics.guest_call(
@@ -682,6 +718,16 @@ impl CallScope<'_> {
                 Err(guest.classify(operation, error, &self.store, &self.output, self.timeout))
             }
         }
+    }
+}
+
+/// Where a volume's storage is, as its PV says, for a message.
+fn describe_source(source: &VolumeSource) -> String {
+    match source {
+        VolumeSource::HostPath(s) => format!("hostPath {}", s.path),
+        VolumeSource::Local(s) => format!("local path {}", s.path),
+        VolumeSource::Nfs(s) => format!("NFS export {}:{}", s.server, s.path),
+        VolumeSource::Csi(s) => format!("CSI volume {} of driver {}", s.volume_handle, s.driver),
     }
 }
 

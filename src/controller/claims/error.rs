@@ -91,7 +91,7 @@ impl Failure for ClaimError {
         match self {
             ClaimError::ClassNotFound(_) => "class-not-found",
             ClaimError::Guest(CallError::Fault { kind, .. }) => kind.as_str(),
-            ClaimError::Guest(CallError::Rejected { .. }) => "rejected",
+            ClaimError::Guest(CallError::Rejected { .. } | CallError::Refused { .. }) => "rejected",
             ClaimError::Guest(CallError::Guest { .. }) => "final",
             ClaimError::Transient(_) => "transient",
             ClaimError::InBackground(_) => "in-background",
