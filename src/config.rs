@@ -169,8 +169,12 @@ pub struct RunArgs {
     /// Pause between those attempts.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub create_pv_retry_interval: Duration,
-    /// Keep `external-provisioner.volume.kubernetes.io/finalizer` on bound PVs with the Delete policy.
-    #[arg(long, default_value_t = false)]
+    /// Hold PVs with the Delete policy with `external-provisioner.volume.kubernetes.io/finalizer`
+    /// (set when the PV is created) until their storage is deleted: the PV, marked deleted with
+    /// our finalizer on it, is the record that survives a kill between its DELETE and the
+    /// storage delete. `--add-pv-finalizer=false` deletes the storage first and the PV after,
+    /// as the Go library does without it.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub add_pv_finalizer: bool,
     /// How the intent to provision is recorded before a guest is called, so a claim deleted
     /// mid-provision or a crash cannot leak storage: `log` (one batched ConfigMap per replica,

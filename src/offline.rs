@@ -155,6 +155,7 @@ pub async fn provision(
         claim: &claim,
         class: &class,
         class_name: &class_name,
+        held: false,
     };
     let pv = storage::build(guest, &request, &identity).await?;
     let mut yaml = String::from("apiVersion: v1\nkind: PersistentVolume\n");

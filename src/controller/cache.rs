@@ -201,7 +201,8 @@ mod tests {
         serde_json::from_value(json!({
             "metadata": {"name": "pv", "uid": "u", "finalizers": finalizers,
                          "annotations": {decide::ANN_PROVISIONED_BY: "example.com/p"}},
-            "spec": {"persistentVolumeReclaimPolicy": policy},
+            "spec": {"persistentVolumeReclaimPolicy": policy,
+                     "claimRef": {"namespace": "ns", "name": "data", "uid": "claim-uid"}},
             "status": {"phase": phase},
         }))
         .expect("pv")

@@ -342,6 +342,9 @@ pub struct PvIdentity<'a> {
     pub class: &'a K8sStorageClass,
     /// The class name as the claim names it.
     pub class_name: &'a str,
+    /// Whether a PV with the `Delete` policy is created held by our finalizer
+    /// (`--add-pv-finalizer`): in the create itself, so holding it costs no request.
+    pub held: bool,
 }
 
 /// Builds the PersistentVolume object: the guest's spec, unset fields filled from claim and
@@ -467,11 +470,13 @@ pub fn persistent_volume(id: &PvIdentity<'_>, built: &BuiltVolume) -> core::Pers
             }),
         });
     }
+    let held = id.held && spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete");
     core::PersistentVolume {
         metadata: ObjectMeta {
             name: Some(id.name.to_string()),
             labels: (!built.labels.is_empty()).then(|| built.labels.clone()),
             annotations: Some(annotations),
+            finalizers: held.then(|| vec![crate::controller::decide::FINALIZER_PV.to_string()]),
             ..Default::default()
         },
         spec: Some(spec),

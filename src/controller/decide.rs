@@ -195,11 +195,30 @@ pub fn should_delete(
         .spec
         .as_ref()
         .and_then(|s| s.persistent_volume_reclaim_policy.as_deref());
-    (phase == Some("Released") && policy == Some("Delete")).then_some(provisioner)
+    (phase == Some("Released") && policy == Some("Delete") && released_by_its_claim(pv))
+        .then_some(provisioner)
 }
 
-/// Should our PV finalizer be added (`Some(true)`) or removed (`Some(false)`)? As the library:
-/// add to bound `Delete` volumes in finalizer mode; remove outside it or for other policies.
+/// Whether the PV still names the claim it was released by. An admin who clears `claimRef` on
+/// a Released PV (to reuse it by hand) leaves it `Released` until kube-controller-manager marks
+/// it `Available`: milliseconds, or as long as kube-controller-manager is down. It never
+/// reclaims a PV without a claimRef, and neither do we (the Go library does, in that window).
+pub fn released_by_its_claim(pv: &PersistentVolume) -> bool {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .is_some_and(|r| {
+            r.name.as_deref().is_some_and(|n| !n.is_empty())
+                && r.uid.as_deref().is_some_and(|u| !u.is_empty())
+        })
+}
+
+/// Should our PV finalizer be added (`Some(true)`) or removed (`Some(false)`)? In finalizer
+/// mode it goes on `Delete` volumes that are bound or released by their claim (a PV created
+/// before carries it from its create): it is what survives a kill between our DELETE and the
+/// storage delete. It comes off outside that mode, for other policies, and from a PV being
+/// deleted whose storage is not ours to delete any more (its claimRef cleared, or not bound or
+/// released): the storage is kept, and the PV is not held for ever.
 pub fn pv_finalizer_change(pv: &PersistentVolume, finalizer_mode: bool) -> Option<bool> {
     let has = has_finalizer(&pv.metadata.finalizers, FINALIZER_PV);
     let policy = pv
@@ -207,12 +226,18 @@ pub fn pv_finalizer_change(pv: &PersistentVolume, finalizer_mode: bool) -> Optio
         .as_ref()
         .and_then(|s| s.persistent_volume_reclaim_policy.as_deref());
     let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
+    let bound_or_released = matches!(phase, Some("Bound" | "Released"));
+    let deleting = pv.metadata.deletion_timestamp.is_some();
     let add = finalizer_mode
         && !has
         && policy == Some("Delete")
-        && pv.metadata.deletion_timestamp.is_none()
-        && phase == Some("Bound");
-    let remove = has && (!finalizer_mode || policy != Some("Delete"));
+        && !deleting
+        && bound_or_released
+        && released_by_its_claim(pv);
+    let remove = has
+        && (!finalizer_mode
+            || policy != Some("Delete")
+            || (deleting && !(bound_or_released && released_by_its_claim(pv))));
     if add {
         Some(true)
     } else if remove {
@@ -293,6 +318,12 @@ pub(crate) fn test_pv(phase: &str, policy: &str, by: Option<&str>) -> Persistent
         },
         spec: Some(PersistentVolumeSpec {
             persistent_volume_reclaim_policy: Some(policy.into()),
+            claim_ref: Some(k8s_openapi::api::core::v1::ObjectReference {
+                namespace: Some("default".into()),
+                name: Some("data".into()),
+                uid: Some("claim-uid".into()),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
         status: Some(PersistentVolumeStatus {
@@ -508,6 +539,11 @@ mod tests {
         test_pv(phase, policy, by)
     }
 
+    fn cleared(mut pv: PersistentVolume) -> PersistentVolume {
+        pv.spec.as_mut().unwrap().claim_ref = None;
+        pv
+    }
+
     #[test]
     fn should_delete_table() {
         let served = |p: &str| p == P;
@@ -528,6 +564,18 @@ mod tests {
             ),
             ("static", pv("Released", "Delete", None), false, None),
             ("failed phase", pv("Failed", "Delete", Some(P)), false, None),
+            (
+                "released, claimRef cleared by an admin",
+                cleared(pv("Released", "Delete", Some(P))),
+                false,
+                None,
+            ),
+            (
+                "released, claimRef cleared, finalizer mode",
+                cleared(pv("Released", "Delete", Some(P))),
+                true,
+                None,
+            ),
         ];
         for (what, volume, mode, want) in &cases {
             assert_eq!(should_delete(volume, served, *mode), *want, "{what}");
@@ -578,6 +626,25 @@ mod tests {
             .unwrap()
             .persistent_volume_reclaim_policy = Some("Retain".into());
         assert_eq!(pv_finalizer_change(&retain, true), Some(false));
+        // Released by its claim and not held yet (a PV created before finalizer mode): add.
+        let released = pv("Released", "Delete", Some(P));
+        assert_eq!(pv_finalizer_change(&released, true), Some(true));
+        assert_eq!(pv_finalizer_change(&cleared(released), true), None);
+        // Being deleted: held while its storage may still be ours to delete...
+        let mut deleting = with.clone();
+        deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
+        assert_eq!(pv_finalizer_change(&deleting, true), None, "bound");
+        let mut released_deleting = deleting.clone();
+        released_deleting.status.as_mut().unwrap().phase = Some("Released".into());
+        assert_eq!(pv_finalizer_change(&released_deleting, true), None);
+        // ...and let go, storage kept, once it is not: claimRef cleared, or made Available.
+        assert_eq!(
+            pv_finalizer_change(&cleared(released_deleting.clone()), true),
+            Some(false)
+        );
+        let mut available = cleared(released_deleting);
+        available.status.as_mut().unwrap().phase = Some("Available".into());
+        assert_eq!(pv_finalizer_change(&available, true), Some(false));
     }
 
     #[test]

@@ -77,7 +77,8 @@ pub struct Settings {
     pub provision_timeout: Duration,
     /// Bound on one delete operation.
     pub delete_timeout: Duration,
-    /// Manage the library's PV finalizer.
+    /// Hold `Delete` PVs with the library's PV finalizer until their storage is deleted (on by
+    /// default: the record that survives a kill between the PV DELETE and the storage delete).
     pub add_pv_finalizer: bool,
     /// Keep settled claims and PVs whole in the caches (see [`cache`]).
     pub cache_whole_objects: bool,
@@ -112,7 +113,7 @@ impl Default for Settings {
             create_pv_retry_interval: Duration::from_secs(10),
             provision_timeout: Duration::from_secs(300),
             delete_timeout: Duration::from_secs(300),
-            add_pv_finalizer: false,
+            add_pv_finalizer: true,
             cache_whole_objects: false,
             intent: IntentRecord::Log,
             kube_api_qps: 50.0,

@@ -25,7 +25,7 @@ use super::gate::{GateError, LockKey};
 use super::handle::{Handle, PvDeleted};
 use super::node::{self, VolumeOwner};
 use super::plan::{self, DeleteOrder, VolumeFacts, VolumePlan};
-use super::storage::intent::{Intent, IntentError, IntentLog, Storage};
+use super::storage::intent::IntentError;
 use super::storage::{self, Deleted, StorageError, volume_entry};
 use crate::controller::convert::ConvertError;
 use crate::wasm::{CallError, Guest, Plugins};
@@ -180,19 +180,6 @@ struct Facts<'a> {
     ctx: &'a Context,
     plugins: &'a Plugins,
     pv: &'a PersistentVolume,
-    /// What an intent entry for deleting its storage holds: sized by the plan, written by the
-    /// PV-first delete.
-    storage: std::cell::OnceCell<Storage>,
-    /// Only whether the plan deletes is asked, not in which order: the entry's size (a record
-    /// built per PV) is not needed.
-    order_unused: bool,
-}
-
-impl Facts<'_> {
-    fn storage(&self) -> &Storage {
-        self.storage
-            .get_or_init(|| storage::record(self.pv, self.ctx))
-    }
 }
 
 impl VolumeFacts for Facts<'_> {
@@ -213,18 +200,6 @@ impl VolumeFacts for Facts<'_> {
             .recent
             .was_deleted(self.pv.metadata.uid.as_deref().unwrap_or_default())
     }
-
-    fn entry_fits(&self) -> Option<bool> {
-        let log = self.ctx.intents.as_ref()?;
-        if self.order_unused {
-            return Some(true);
-        }
-        let provisioner = decide::claim_provisioner_of_volume(self.pv).unwrap_or_default();
-        Some(log.fits(
-            self.pv.metadata.uid.as_deref().unwrap_or_default(),
-            &volume_entry::of_deleted(provisioner, self.pv, self.storage()),
-        ))
-    }
 }
 
 /// Executes the plan for one PV.
@@ -235,8 +210,6 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
         ctx,
         plugins: &plugins,
         pv,
-        storage: Default::default(),
-        order_unused: false,
     };
     let (provisioner, order) = match plan::plan_volume(pv, &facts) {
         VolumePlan::Skip(reason) => {
@@ -271,7 +244,7 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
             Some(live) => Cow::Owned(live),
             None => return Ok(Done::Nothing),
         },
-        DeleteOrder::PvFirst | DeleteOrder::BehindFinalizer => Cow::Borrowed(pv),
+        DeleteOrder::BehindFinalizer => Cow::Borrowed(pv),
     };
     if !handle
         .guest(storage::guard(&guest, &guarded))
@@ -283,18 +256,13 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
         return Ok(Done::Nothing);
     }
     let live = match order {
-        DeleteOrder::PvFirst => {
-            let log = ctx.intents.as_ref().expect("planned with a log");
-            let storage = facts
-                .storage
-                .into_inner()
-                .unwrap_or_else(|| storage::record(pv, ctx));
-            return delete_pv_first(handle, pv, &guest, provisioner, log, storage).await;
-        }
         DeleteOrder::BehindFinalizer => {
             // Marked for deletion first, with the version decided on as precondition (the API
-            // server's own check that the cache was not behind); the finalizer comes off once
-            // the storage is gone, and a failed delete stays in sight as a Terminating PV.
+            // server's own check that the cache was not behind: the Released, `Delete`,
+            // claimRef-set version judged above is the one that goes); the finalizer comes off
+            // once the storage is gone, and a failed delete stays in sight as a Terminating PV.
+            // Killed after this DELETE, the PV stays terminating with our finalizer, and the
+            // next leader deletes the storage from what the live PV says.
             match handle.delete_pv_unchanged::<VolumeError>(pv).await? {
                 PvDeleted::Now => pv.clone(),
                 PvDeleted::Changed | PvDeleted::Gone => return Ok(Done::Nothing),
@@ -329,87 +297,16 @@ async fn reread_deletable(
     }))
 }
 
-/// Intent-log mode: the PV goes first, then its storage, at one request per volume where a
-/// re-read and a delete cost two. The entry is durable before the PV is deleted; the delete
-/// carries the resourceVersion we decided on as precondition, so only that Released PV with
-/// policy `Delete` goes, however far behind the cache is (a PV rebound or switched to `Retain`
-/// meanwhile is a conflict, and nothing is deleted). Only once our DELETE succeeded does the
-/// entry say what deleting the storage needs: before that, it deletes nothing on its own.
-async fn delete_pv_first(
-    handle: &Handle<'_>,
-    pv: &PersistentVolume,
-    guest: &Guest,
-    provisioner: &str,
-    log: &IntentLog,
-    storage: Storage,
-) -> Result<Done, VolumeError> {
-    let ctx = handle.ctx();
-    let uid = pv.metadata.uid.as_deref().unwrap_or_default();
-    let class = storage.class.clone();
-    handle.gate().await?;
-    // Recorded ahead by an earlier write already: no need to look for more (the scan walks the
-    // whole PV cache).
-    let ahead = if log.holds(uid) {
-        Vec::new()
-    } else {
-        volume_entry::intents_ahead(ctx, uid, log, queued_for_delete)
-    };
-    log.record(uid, &Intent::volume(provisioner, pv), ahead)
-        .await?;
-    match handle.delete_pv_unchanged::<VolumeError>(pv).await? {
-        PvDeleted::Now => {}
-        PvDeleted::Changed | PvDeleted::Gone => {
-            // The cache is behind: its next event brings the PV as it is, and we decide again.
-            // The entry says nothing is ours to delete: it goes.
-            tracing::debug!("volume changed since it was read; looking again");
-            log.done(uid);
-            return Ok(Done::Nothing);
-        }
-    }
-    // Our DELETE succeeded: the storage is ours to delete, and the entry now says so. The write
-    // rides on the next batch; a failure below waits for it, so recovery can retry.
-    let recorded = log.update(uid, &volume_entry::of_deleted(provisioner, pv, &storage));
-    if let Err(error) = &recorded {
-        // Checked to fit a moment ago; the storage is deleted now all the same.
-        tracing::warn!(%error, "could not record the PV delete; deleting its storage unrecorded");
-    }
-    match delete_storage(handle, pv, guest, class.as_ref()).await {
-        Ok(deleted) => {
-            if deleted {
-                tracing::info!(guest = guest.name(), "volume deleted");
-            }
-            log.done(uid);
-            Ok(Done::Succeeded)
-        }
-        Err(error) => {
-            log.durable(recorded?).await?;
-            if !matches!(error, VolumeError::Transient(_)) {
-                log.failed(
-                    uid,
-                    &error.to_string(),
-                    ctx.settings.failed_delete_threshold,
-                )?;
-            }
-            Err(error)
-        }
-    }
-}
-
 /// The provisioner whose guest the volume path will ask to delete this cached PV's storage:
 /// what [`plan::plan_volume`] decides for it now (Released, ours, on this node, not deleted by us
-/// already). The intent log's queue ([`volume_entry::QueuedForDelete`]) and recovery ask it.
+/// already). Recovery asks it, and leaves a volume entry of an earlier version to this path
+/// while it will delete the PV.
 pub fn queued_for_delete<'a>(
     ctx: &Context,
     plugins: &Plugins,
     pv: &'a PersistentVolume,
 ) -> Option<&'a str> {
-    let facts = Facts {
-        ctx,
-        plugins,
-        pv,
-        storage: Default::default(),
-        order_unused: true,
-    };
+    let facts = Facts { ctx, plugins, pv };
     match plan::plan_volume(pv, &facts) {
         VolumePlan::Delete { provisioner, .. } => Some(provisioner),
         _ => None,

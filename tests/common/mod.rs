@@ -189,6 +189,7 @@ pub fn as_volume(
             claim: &pvc,
             class: &class,
             class_name: "test",
+            held: false,
         },
         built,
     );

@@ -192,6 +192,11 @@ impl FakeApi {
                 object["metadata"]["resourceVersion"] = json!(version.to_string());
                 let object = object.clone();
                 state.version = version;
+                // An object marked deleted goes once its last finalizer does, as on a real server.
+                if !object["metadata"]["deletionTimestamp"].is_null() && !holds_finalizers(&object)
+                {
+                    state.objects.remove(path);
+                }
                 (StatusCode::OK, object)
             }
             Method::PUT => {
@@ -222,12 +227,30 @@ impl FakeApi {
                 {
                     return status(StatusCode::CONFLICT, "Conflict", path);
                 }
+                if holds_finalizers(object) {
+                    // Held by finalizers: marked deleted (once), removed when the last goes.
+                    let version = state.version + 1;
+                    let object = state.objects.get_mut(path).expect("present");
+                    if object["metadata"]["deletionTimestamp"].is_null() {
+                        object["metadata"]["deletionTimestamp"] = json!("2026-12-05T00:00:00Z");
+                        object["metadata"]["resourceVersion"] = json!(version.to_string());
+                        state.version = version;
+                    }
+                    let object = state.objects[path].clone();
+                    return (StatusCode::OK, object);
+                }
                 let object = state.objects.remove(path).expect("present");
                 (StatusCode::OK, object)
             }
             _ => status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", path),
         }
     }
+}
+
+fn holds_finalizers(object: &Value) -> bool {
+    object["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|f| !f.is_empty())
 }
 
 /// Applies the patch shapes the controller sends: finalizer adds/removes (strategic merge) or a

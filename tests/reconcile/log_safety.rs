@@ -41,7 +41,7 @@ async fn a_claim_deleted_after_a_call_that_never_answered_keeps_its_storage_and_
 #[tokio::test]
 async fn a_namesake_the_cache_has_not_seen_holds_the_delete_until_its_volume_is_known() {
     let (world, log) = World::logged();
-    record_built(&world, &log, "u-old", "data", "/shared/team/data").await;
+    record_built(&world, &log, "u-old", "data", "/nowhere/team/data").await;
     // A claim of the same name, just created: the restarted process' cache has not seen it,
     // and a name-based pattern may give it the same directory any moment.
     let mut namesake = claim_of("data", "fast", P);
@@ -78,24 +78,30 @@ async fn a_namesake_the_cache_has_not_seen_holds_the_delete_until_its_volume_is_
 
 #[tokio::test]
 async fn the_deletion_guard_is_asked_about_the_live_pv_when_the_storage_goes_first() {
-    // No intent log: the storage goes first, and the delete carries no precondition.
-    let mut world = World::new(settings(), "");
+    // Neither the intent log nor our PV finalizer: the storage goes first, and the delete
+    // carries no precondition.
+    let mut world = World::new(
+        Settings {
+            add_pv_finalizer: false,
+            ..settings()
+        },
+        "",
+    );
     world.class("fast", json!({}), json!({}));
-    let stale: PersistentVolume = serde_json::from_value(json!({
+    std::fs::create_dir_all(world.storage.path().join("pvc-g")).unwrap();
+    let stale = world.volume(json!({
         "metadata": {"name": "pvc-g", "uid": "uid-pvc-g",
                      "annotations": {"pv.kubernetes.io/provisioned-by": P}},
         "spec": {"persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
-                 "hostPath": {"path": "/nowhere"}},
+                 "hostPath": {"path": "/nowhere"},
+                 "claimRef": {"namespace": NS, "name": "g", "uid": "u-g"}},
         "status": {"phase": "Released"}
-    }))
-    .unwrap();
-    std::fs::create_dir_all(world.storage.path().join("pvc-g")).unwrap();
-    world.volume(serde_json::to_value(&stale).unwrap());
+    }));
     // An admin marked it to keep a moment ago; the cache has not caught up.
-    let mut live = serde_json::to_value(&stale).unwrap();
+    let mut live = serde_json::to_value(&*stale).unwrap();
     live["metadata"]["annotations"]["scripted.wasm-provisioner.dev/keep"] = json!("true");
     world.api.put(&pv_path("pvc-g"), live);
-    volumes::reconcile(Arc::new(stale), world.ctx.clone())
+    volumes::reconcile(stale, world.ctx.clone())
         .await
         .expect("kept");
     assert!(

@@ -29,7 +29,6 @@ use wasm_provisioner::controller::gate::Mode;
 use wasm_provisioner::controller::inflight::Turn;
 use wasm_provisioner::controller::plan::ANN_MAX_IN_FLIGHT;
 use wasm_provisioner::controller::storage::intent::{Intent, IntentLog, Storage};
-use wasm_provisioner::controller::storage::volume_entry;
 use wasm_provisioner::controller::{Caches, Context, IntentRecord, Settings, volumes};
 use wasm_provisioner::metrics::{Metrics, Queue};
 use wasm_provisioner::wasm::{WasmEngine, load_dir};
@@ -46,10 +45,10 @@ fn claim_event(pvc: PersistentVolumeClaim) -> watcher::Event<PersistentVolumeCla
     }
 }
 
-/// A PV as the controller's watch caches it (default settings: no PV finalizer mode).
+/// A PV as the controller's watch caches it (default settings: PV finalizer mode).
 fn cached_volume(pv: PersistentVolume) -> CachedVolume {
     let mut cached = CachedVolume::from(pv);
-    cached.settle(|pv| cache::volume_settled(pv, false), cache::storage_of);
+    cached.settle(|pv| cache::volume_settled(pv, true), cache::storage_of);
     cached
 }
 
@@ -136,7 +135,6 @@ impl World {
         let mut world = World::new(log_settings(), "");
         world.class("fast", json!({}), json!({}));
         let log = world.ctx.intents.clone().expect("log mode");
-        volume_entry::install_intents_ahead(&world.ctx, volumes::queued_for_delete);
         tokio::spawn(log.clone().run());
         (world, log)
     }
@@ -180,8 +178,22 @@ impl World {
         Arc::new(pvc)
     }
 
-    fn volume(&mut self, pv: Value) -> Arc<PersistentVolume> {
+    /// A fixture's storage where the guest's grant is: a hostPath under `/nowhere` becomes the
+    /// PV's directory in `storage` (the host refuses a delete outside the guest's grants).
+    fn ground(&self, pv: &mut Value) {
+        let name = pv["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let path = &mut pv["spec"]["hostPath"]["path"];
+        if path.as_str().is_some_and(|p| p.starts_with("/nowhere")) {
+            *path = json!(self.storage.path().join(name).display().to_string());
+        }
+    }
+
+    fn volume(&mut self, mut pv: Value) -> Arc<PersistentVolume> {
         let name = pv["metadata"]["name"].as_str().unwrap().to_string();
+        self.ground(&mut pv);
         self.api.put(&pv_path(&name), pv);
         let stored: PersistentVolume =
             serde_json::from_value(self.api.get(&pv_path(&name)).unwrap()).unwrap();
@@ -813,13 +825,14 @@ async fn a_claim_deleted_after_a_crash_mid_call_keeps_its_storage_and_says_so() 
 /// An entry that says what the guest built, for a claim gone before its PV: what a process
 /// killed between the guest's answer and the PV create leaves.
 async fn record_built(world: &World, log: &IntentLog, uid: &str, name: &str, path: &str) {
-    let pv: PersistentVolume = serde_json::from_value(json!({
+    let mut pv = json!({
         "metadata": {"name": format!("pvc-{uid}"), "uid": format!("pv-{uid}"),
                      "annotations": {"pv.kubernetes.io/provisioned-by": P}},
         "spec": {"hostPath": {"path": path}, "persistentVolumeReclaimPolicy": "Delete",
                  "storageClassName": "fast", "capacity": {"storage": "1Gi"}},
-    }))
-    .unwrap();
+    });
+    world.ground(&mut pv);
+    let pv: PersistentVolume = serde_json::from_value(pv).unwrap();
     let Intent::Claim(mut entry) = Intent::claim(P, &format!("pvc-{uid}"), NS, name) else {
         unreachable!()
     };

@@ -1,9 +1,10 @@
-//! The volume path against the fake API server: which PVs are deleted, in how many requests, and
-//! how storage whose PV went first is looked after by the intent log's recovery.
+//! The volume path against the fake API server: which PVs are deleted, in how many requests,
+//! what survives a kill between our PV DELETE and the storage delete (our PV finalizer), and how
+//! the volume entries earlier versions wrote in the intent log are settled by recovery.
 
 use super::*;
 
-/// `--add-pv-finalizer`, class `fast`.
+/// `--add-pv-finalizer` (the default), class `fast`.
 fn pv_finalizer_world() -> World {
     let mut world = World::new(
         Settings {
@@ -22,7 +23,9 @@ fn our_pv(name: &str, phase: &str, deleting: bool, finalizers: &[&str]) -> Value
                      "annotations": {"pv.kubernetes.io/provisioned-by": P}},
         "spec": {"persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
                  "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                 "hostPath": {"path": "/nowhere"}},
+                 "hostPath": {"path": "/nowhere"},
+                 "claimRef": {"namespace": NS, "name": format!("claim-{name}"),
+                              "uid": format!("u-claim-{name}")}},
         "status": {"phase": phase}
     });
     if deleting {
@@ -31,9 +34,21 @@ fn our_pv(name: &str, phase: &str, deleting: bool, finalizers: &[&str]) -> Value
     pv
 }
 
+/// The same PV with its claimRef cleared, as an admin does to reuse it by hand.
+fn cleared(mut pv: Value) -> Value {
+    pv["spec"].as_object_mut().unwrap().remove("claimRef");
+    pv
+}
+
 #[tokio::test]
-async fn a_released_volume_is_deleted_by_its_guest_then_removed() {
-    let mut world = World::new(settings(), "");
+async fn without_our_finalizer_the_storage_goes_first_then_the_pv() {
+    let mut world = World::new(
+        Settings {
+            add_pv_finalizer: false,
+            ..settings()
+        },
+        "",
+    );
     world.class("fast", json!({}), json!({}));
     let pv = world.volume(our_pv("pvc-r", "Released", false, &[]));
     volumes::reconcile(pv, world.ctx.clone())
@@ -79,6 +94,14 @@ async fn finalizer_mode_puts_the_pv_finalizer_on_bound_volumes() {
         .expect("patched");
     let stored = world.api.get(&pv_path("pvc-f")).unwrap();
     assert_eq!(stored["metadata"]["finalizers"][0], FINALIZER_PV);
+    // One released before it was held (made by an earlier version) is held before its DELETE.
+    let pv = world.volume(our_pv("pvc-g", "Released", false, &[]));
+    volumes::reconcile(pv, world.ctx.clone())
+        .await
+        .expect("patched");
+    let stored = world.api.get(&pv_path("pvc-g")).unwrap();
+    assert_eq!(stored["metadata"]["finalizers"][0], FINALIZER_PV);
+    assert!(world.guest_calls().is_empty(), "{}", world.guest_calls());
 }
 
 /// A Released PV of ours, annotated as the scripted guest reads it, with storage to delete.
@@ -87,7 +110,7 @@ pub(super) fn released_with_storage(
     name: &str,
     annotations: Value,
 ) -> Arc<PersistentVolume> {
-    let mut pv = our_pv(name, "Released", false, &[]);
+    let mut pv = our_pv(name, "Released", false, &[FINALIZER_PV]);
     for (key, value) in annotations.as_object().into_iter().flatten() {
         pv["metadata"]["annotations"][key] = value.clone();
     }
@@ -105,7 +128,7 @@ fn pv_requests(world: &World) -> Vec<fake_api::Seen> {
 }
 
 #[tokio::test]
-async fn in_log_mode_a_released_volume_costs_one_request_and_one_write_covers_the_queue() {
+async fn in_log_mode_a_released_volume_costs_its_delete_and_its_finalizer_and_no_log_write() {
     let (mut world, log) = World::logged();
     let volumes: Vec<_> = (0..8)
         .map(|n| released_with_storage(&mut world, &format!("pvc-d{n}"), json!({})))
@@ -118,22 +141,23 @@ async fn in_log_mode_a_released_volume_costs_one_request_and_one_write_covers_th
     let requests = pv_requests(&world);
     assert_eq!(
         requests.len(),
-        8,
-        "one request per volume, no re-read: {:#?}",
+        16,
+        "a DELETE and a finalizer PATCH per volume, no re-read: {:#?}",
         world.api.calls()
     );
-    for request in &requests {
-        assert_eq!(request.method, http::Method::DELETE);
+    for pair in requests.chunks(2) {
+        assert_eq!(pair[0].method, http::Method::DELETE);
         assert!(
-            request.body["preconditions"]["resourceVersion"].is_string(),
+            pair[0].body["preconditions"]["resourceVersion"].is_string(),
             "the delete holds the version decided on: {}",
-            request.body
+            pair[0].body
         );
+        assert_eq!(pair[1].method, http::Method::PATCH);
     }
     assert_eq!(
         intent_writes(&world),
-        1,
-        "the first volume's write records the seven queued behind it"
+        0,
+        "the PV is the record, not the log"
     );
     for n in 0..8 {
         let name = format!("pvc-d{n}");
@@ -143,18 +167,18 @@ async fn in_log_mode_a_released_volume_costs_one_request_and_one_write_covers_th
             "{name}'s storage deleted"
         );
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(log.len(), 0, "finished volumes leave the log");
+    assert_eq!(log.len(), 0);
 }
 
 #[tokio::test]
 async fn a_volume_rebound_since_the_cache_saw_it_keeps_its_storage() {
     let (mut world, log) = World::logged();
     let stale = released_with_storage(&mut world, "pvc-re", json!({}));
-    // The API server has it Bound again (an admin cleared its claimRef); the cache is behind.
-    world
-        .api
-        .put(&pv_path("pvc-re"), our_pv("pvc-re", "Bound", false, &[]));
+    // The API server has it Bound again; the cache is behind.
+    world.api.put(
+        &pv_path("pvc-re"),
+        our_pv("pvc-re", "Bound", false, &[FINALIZER_PV]),
+    );
     volumes::reconcile(stale, world.ctx.clone())
         .await
         .expect("nothing to do");
@@ -165,43 +189,147 @@ async fn a_volume_rebound_since_the_cache_saw_it_keeps_its_storage() {
     );
     assert!(!world.guest_calls().contains("delete"));
     assert_eq!(log.len(), 0, "a refused delete leaves nothing in the log");
-    world.volume(our_pv("pvc-re", "Bound", false, &[]));
-    let settled = wasm_provisioner::controller::recover_intents(&world.ctx)
-        .await
-        .expect("recovered");
-    assert_eq!(settled, 0);
-    assert!(
-        world.storage.path().join("pvc-re").is_dir(),
-        "storage still kept"
-    );
 }
 
+/// An admin clears `claimRef` on a Released PV to reuse it by hand: it stays `Released` until
+/// kube-controller-manager marks it `Available` (milliseconds, or as long as it is down), and in
+/// that window its storage must not go. Before, it did, in every mode: seen by the cache, or
+/// only by the API server (the cache behind), or after our DELETE marked it.
 #[tokio::test]
-async fn storage_whose_pv_went_first_is_deleted_by_recovery_after_a_restart() {
-    let (mut world, _) = World::logged();
+async fn a_pv_whose_claim_ref_an_admin_cleared_keeps_its_storage_in_every_mode() {
+    for finalizer in [true, false] {
+        let mut world = World::new(
+            Settings {
+                add_pv_finalizer: finalizer,
+                ..log_settings()
+            },
+            "",
+        );
+        world.class("fast", json!({}), json!({}));
+        tokio::spawn(world.ctx.intents.clone().expect("log").run());
+        let held: &[&str] = if finalizer { &[FINALIZER_PV] } else { &[] };
+        // The cache sees it cleared.
+        std::fs::create_dir_all(world.storage.path().join("pvc-c1")).unwrap();
+        let pv = world.volume(cleared(our_pv("pvc-c1", "Released", false, held)));
+        volumes::reconcile(pv, world.ctx.clone())
+            .await
+            .expect("kept");
+        // The cache is behind: Released with its claimRef; the API server has it cleared.
+        std::fs::create_dir_all(world.storage.path().join("pvc-c2")).unwrap();
+        let stale = world.volume(our_pv("pvc-c2", "Released", false, held));
+        world.api.put(
+            &pv_path("pvc-c2"),
+            cleared(our_pv("pvc-c2", "Released", false, held)),
+        );
+        volumes::reconcile(stale, world.ctx.clone())
+            .await
+            .expect("kept");
+        for name in ["pvc-c1", "pvc-c2"] {
+            assert!(
+                world.storage.path().join(name).is_dir(),
+                "finalizer mode {finalizer}: {name}'s storage deleted"
+            );
+            assert!(world.api.get(&pv_path(name)).is_some(), "{name} PV kept");
+        }
+        assert!(
+            !world.guest_calls().contains("delete"),
+            "finalizer mode {finalizer}: {}",
+            world.guest_calls()
+        );
+    }
+    // Marked deleted with our finalizer on it, then cleared: the finalizer comes off, the
+    // storage stays.
+    let mut world = pv_finalizer_world();
+    std::fs::create_dir_all(world.storage.path().join("pvc-c3")).unwrap();
+    let pv = world.volume(cleared(our_pv("pvc-c3", "Released", true, &[FINALIZER_PV])));
+    volumes::reconcile(pv, world.ctx.clone())
+        .await
+        .expect("let go");
+    assert!(world.api.get(&pv_path("pvc-c3")).is_none(), "PV let go");
+    assert!(world.storage.path().join("pvc-c3").is_dir(), "storage kept");
+    assert!(!world.guest_calls().contains("delete"));
+}
+
+/// Killed after our DELETE and before the storage delete finished (here: the guest's delete
+/// fails once, and the process ends there): the PV stays, marked deleted and held by our
+/// finalizer, and a fresh process with nothing else to go on deletes the storage and lets the
+/// PV go. With the log's lazily written record of our DELETE, the PV was gone and a kill before
+/// that record was written left the storage for ever.
+#[tokio::test]
+async fn killed_after_our_delete_the_next_process_deletes_the_storage() {
+    let (mut world, log) = World::logged();
     let pv = released_with_storage(
         &mut world,
-        "pvc-f",
+        "pvc-k",
         json!({
             "scripted.wasm-provisioner.dev/delete-fail": "transient",
             "scripted.wasm-provisioner.dev/delete-fail-times": "1",
         }),
     );
-    let error = volumes::reconcile(pv, world.ctx.clone())
+    volumes::reconcile(pv, world.ctx.clone())
         .await
         .expect_err("the guest's first delete fails");
-    assert_eq!(error.label(), "transient");
+    let stored = world.api.get(&pv_path("pvc-k")).expect("the PV stays");
+    assert!(stored["metadata"]["deletionTimestamp"].is_string());
+    assert_eq!(stored["metadata"]["finalizers"][0], FINALIZER_PV);
+    assert!(world.storage.path().join("pvc-k").is_dir());
+    assert_eq!(log.len(), 0, "nothing in the log to lose");
+    // A fresh process: its cache lists the PV as the API server has it.
+    let restarted = Arc::new(restarted(&world));
+    let live: PersistentVolume = serde_json::from_value(stored).unwrap();
+    volumes::reconcile(Arc::new(live), restarted)
+        .await
+        .expect("deleted");
     assert!(
-        world.api.get(&pv_path("pvc-f")).is_none(),
-        "the PV went first"
+        !world.storage.path().join("pvc-k").exists(),
+        "the storage of the deleted PV is gone"
     );
-    assert!(world.storage.path().join("pvc-f").is_dir());
-    let stored = world.api.objects_under(LOGS);
-    assert!(
-        stored[0]["data"]["uid-pvc-f"].is_string(),
-        "what deleting the storage needs is in the log: {}",
-        stored[0]
-    );
+    assert!(world.api.get(&pv_path("pvc-k")).is_none(), "and the PV");
+}
+
+/// A volume entry as an earlier version wrote it: recorded ahead of our DELETE, or (with
+/// `deleted`) recording that our DELETE succeeded and what deleting the storage needs.
+async fn legacy_entry(log: &IntentLog, pv: &PersistentVolume, deleted: bool) {
+    let Intent::Volume(mut entry) = Intent::volume(P, pv) else {
+        unreachable!("a volume intent")
+    };
+    if deleted {
+        entry.deleted = Some(Storage::of(pv, None));
+    }
+    let uid = pv.metadata.uid.as_deref().unwrap();
+    log.record(uid, &Intent::Volume(entry), Vec::new())
+        .await
+        .expect("recorded");
+    // No reconcile of this process works on it: it is recovery's.
+    log.attempt_over(uid);
+}
+
+/// A Released PV of ours without our finalizer whose storage is still there.
+fn legacy_released(world: &mut World, name: &str, annotations: Value) -> Arc<PersistentVolume> {
+    let mut pv = our_pv(name, "Released", false, &[]);
+    for (key, value) in annotations.as_object().into_iter().flatten() {
+        pv["metadata"]["annotations"][key] = value.clone();
+    }
+    std::fs::create_dir_all(world.storage.path().join(name)).expect("storage");
+    world.volume(pv)
+}
+
+/// The PV of a legacy entry is gone (our DELETE, or someone's) from the API server and cache.
+fn pv_gone(world: &mut World, pv: &PersistentVolume) {
+    world
+        .api
+        .remove(&pv_path(pv.metadata.name.as_deref().unwrap()));
+    world
+        .volumes
+        .apply_watcher_event(&watcher::Event::Delete(cached_volume(pv.clone())));
+}
+
+#[tokio::test]
+async fn storage_whose_pv_went_first_is_deleted_by_recovery_after_a_restart() {
+    let (mut world, _) = World::logged();
+    let pv = legacy_released(&mut world, "pvc-f", json!({}));
+    legacy_entry(world.ctx.intents.as_ref().unwrap(), &pv, true).await;
+    pv_gone(&mut world, &pv);
     // The process dies here. The next one has nothing but the log to go on.
     let settled = wasm_provisioner::controller::recover_intents(&restarted(&world))
         .await
@@ -213,21 +341,11 @@ async fn storage_whose_pv_went_first_is_deleted_by_recovery_after_a_restart() {
     );
 }
 
-/// Two Released volumes: deleting the first records the second ahead. Returns the second.
-async fn second_recorded_ahead(world: &mut World, log: &IntentLog) -> Arc<PersistentVolume> {
-    let first = released_with_storage(world, "pvc-a1", json!({}));
-    let second = released_with_storage(world, "pvc-a2", json!({}));
-    volumes::reconcile(first, world.ctx.clone())
-        .await
-        .expect("deleted");
-    assert!(log.holds("uid-pvc-a2"), "recorded ahead");
-    second
-}
-
 #[tokio::test]
 async fn a_volume_switched_to_retain_then_deleted_keeps_its_storage() {
     let (mut world, log) = World::logged();
-    let second = second_recorded_ahead(&mut world, &log).await;
+    let second = legacy_released(&mut world, "pvc-a2", json!({}));
+    legacy_entry(&log, &second, false).await;
     // The admin keeps it: Retain, then `kubectl delete pv` (the documented way to keep data).
     let mut retained = our_pv("pvc-a2", "Released", false, &[]);
     retained["spec"]["persistentVolumeReclaimPolicy"] = json!("Retain");
@@ -235,10 +353,7 @@ async fn a_volume_switched_to_retain_then_deleted_keeps_its_storage() {
     volumes::reconcile(retained.clone(), world.ctx.clone())
         .await
         .expect("kept");
-    world.api.remove(&pv_path("pvc-a2"));
-    world
-        .volumes
-        .apply_watcher_event(&watcher::Event::Delete(cached_volume((*second).clone())));
+    pv_gone(&mut world, &second);
     for ctx in [&*world.ctx, &restarted(&world)] {
         wasm_provisioner::controller::recover_intents(ctx)
             .await
@@ -248,9 +363,8 @@ async fn a_volume_switched_to_retain_then_deleted_keeps_its_storage() {
         world.storage.path().join("pvc-a2").is_dir(),
         "the retained volume's storage is kept"
     );
-    assert_eq!(
-        world.guest_calls().matches("delete").count(),
-        1,
+    assert!(
+        !world.guest_calls().contains("delete"),
         "{}",
         world.guest_calls()
     );
@@ -259,7 +373,8 @@ async fn a_volume_switched_to_retain_then_deleted_keeps_its_storage() {
 #[tokio::test]
 async fn an_entry_recorded_ahead_never_deletes_on_its_own_even_after_a_restart() {
     let (mut world, log) = World::logged();
-    let _second = second_recorded_ahead(&mut world, &log).await;
+    let second = legacy_released(&mut world, "pvc-a2", json!({}));
+    legacy_entry(&log, &second, false).await;
     // Someone else deletes the PV (it was Released with Delete: still not ours to act on), and
     // the process restarts with the entry in its log.
     tokio::time::sleep(Duration::from_millis(2500)).await;
@@ -282,21 +397,9 @@ async fn an_entry_recorded_ahead_never_deletes_on_its_own_even_after_a_restart()
 #[tokio::test]
 async fn a_pv_recreated_over_storage_whose_delete_failed_keeps_it() {
     let (mut world, log) = World::logged();
-    let pv = released_with_storage(
-        &mut world,
-        "pvc-rc",
-        json!({"scripted.wasm-provisioner.dev/delete-fail": "final"}),
-    );
-    volumes::reconcile(pv, world.ctx.clone())
-        .await
-        .expect_err("the guest's delete fails");
-    let Some(Intent::Volume(entry)) = log.get("uid-pvc-rc") else {
-        panic!("entry kept for recovery")
-    };
-    assert!(
-        entry.deleted.is_some() && entry.retries.attempts == 1,
-        "{entry:?}"
-    );
+    let pv = legacy_released(&mut world, "pvc-rc", json!({}));
+    legacy_entry(&log, &pv, true).await;
+    pv_gone(&mut world, &pv);
     // The admin recreates the PV over the storage, with Retain, to keep it.
     let mut recreated = our_pv("pvc-rc", "Available", false, &[]);
     recreated["metadata"]["uid"] = json!("uid-recreated");
@@ -308,18 +411,16 @@ async fn a_pv_recreated_over_storage_whose_delete_failed_keeps_it() {
             .expect("recovered");
     }
     assert!(world.storage.path().join("pvc-rc").is_dir(), "storage kept");
-    assert_eq!(
-        world.guest_calls().matches("delete").count(),
-        1,
+    assert!(
+        !world.guest_calls().contains("delete"),
         "{}",
         world.guest_calls()
     );
     assert_eq!(log.len(), 0);
 }
 
-/// A Released PV of ours (class `fast`, the log running) whose PV went first and whose storage
-/// delete then failed (the guest's delete answers `final`): the reconcile is over, the entry
-/// recording the storage still to delete is recovery's.
+/// A legacy entry recording our DELETE of a Released PV whose storage delete then failed once
+/// (the guest's delete answers `final`): what an earlier version left for recovery.
 async fn failed_storage_delete(
     world: &mut World,
     name: &str,
@@ -330,15 +431,20 @@ async fn failed_storage_delete(
     world.class("fast", json!({}), json!({}));
     let log = world.ctx.intents.clone().expect("log mode");
     tokio::spawn(log.clone().run());
-    let pv = released_with_storage(
+    let pv = legacy_released(
         world,
         name,
         json!({"scripted.wasm-provisioner.dev/delete-fail": "final"}),
     );
-    volumes::reconcile(pv.clone(), world.ctx.clone())
-        .await
-        .expect_err("the guest's delete fails");
-    log.attempt_over(&format!("uid-{name}"));
+    legacy_entry(&log, &pv, true).await;
+    pv_gone(world, &pv);
+    let _ = wasm_provisioner::controller::recover_intents(&world.ctx).await;
+    assert_eq!(
+        world.guest_calls().matches("delete").count(),
+        1,
+        "{}",
+        world.guest_calls()
+    );
     (log, pv)
 }
 
@@ -473,39 +579,4 @@ async fn in_pv_finalizer_mode_the_pv_is_marked_deleted_first_and_released_after_
         !world.storage.path().join("pvc-pf").exists(),
         "storage deleted"
     );
-}
-
-#[tokio::test]
-async fn a_volume_released_while_the_intent_write_waits_for_the_budget_rides_on_it() {
-    let mut world = World::new(
-        Settings {
-            kube_api_qps: 2.0,
-            kube_api_burst: 1,
-            ..log_settings()
-        },
-        "",
-    );
-    world.class("fast", json!({}), json!({}));
-    let log = world.ctx.intents.clone().expect("log mode");
-    volume_entry::install_intents_ahead(&world.ctx, volumes::queued_for_delete);
-    tokio::spawn(log.clone().run());
-    let first = released_with_storage(&mut world, "pvc-w1", json!({}));
-    // The budget is spent: the write recording the first volume waits about a second for its turn.
-    world.ctx.api_rate.acquire().await;
-    world.ctx.api_rate.acquire().await;
-    let deleting = tokio::spawn(volumes::reconcile(first, world.ctx.clone()));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(intent_writes(&world), 0, "the write waits for the budget");
-    let second = released_with_storage(&mut world, "pvc-w2", json!({}));
-    deleting.await.expect("joined").expect("deleted");
-    assert_eq!(intent_writes(&world), 1);
-    assert!(
-        log.holds("uid-pvc-w2"),
-        "the volume released while the write waited is in it"
-    );
-    volumes::reconcile(second, world.ctx.clone())
-        .await
-        .expect("deleted");
-    assert_eq!(intent_writes(&world), 1, "its own delete needs no write");
-    assert!(world.api.get(&pv_path("pvc-w2")).is_none());
 }

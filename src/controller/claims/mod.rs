@@ -376,6 +376,7 @@ async fn call_guest(
         claim: &pvc,
         class: class.as_ref(),
         class_name: &class_name,
+        held: handle.ctx().settings.add_pv_finalizer,
     };
     let pv = match handle
         .guest(storage::build(guest, &request, &identity))

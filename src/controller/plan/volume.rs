@@ -18,21 +18,17 @@ pub trait VolumeFacts {
     fn finalizer_mode(&self) -> bool;
     /// Our own DELETE of this PV (this UID) landed a moment ago.
     fn deleted_by_us(&self) -> bool;
-    /// Intent-log mode: whether this volume's entry, with what deleting its storage needs, fits
-    /// the log (`None`: no intent log).
-    fn entry_fits(&self) -> Option<bool>;
 }
 
 /// In which order a volume's storage and its PV go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeleteOrder {
-    /// Intent-log mode: the entry recorded, the PV deleted with its version as precondition,
-    /// then the storage (one request per volume).
-    PvFirst,
-    /// Our finalizer holds the PV: it is marked deleted (version as precondition), then the
-    /// storage goes, then the finalizer.
+    /// Our finalizer holds the PV: it is marked deleted (the version decided on as
+    /// precondition), then the storage goes, then the finalizer. A kill at any point leaves the
+    /// PV terminating with our finalizer, which the next leader finishes.
     BehindFinalizer,
-    /// The live PV re-read, the storage deleted, then the PV (no log, or the entry too large).
+    /// The live PV re-read, the storage deleted, then the PV (marked deleted already and held
+    /// by our finalizer, or `--add-pv-finalizer=false`, the Go library's order).
     StorageFirst,
 }
 
@@ -86,14 +82,8 @@ pub fn plan_volume<'a>(pv: &'a PersistentVolume, facts: &impl VolumeFacts) -> Vo
         // its removal is what is left to do.)
         return VolumePlan::Skip("deleted by us");
     }
-    let order = if finalizer_mode {
-        if held && pv.metadata.deletion_timestamp.is_none() {
-            DeleteOrder::BehindFinalizer
-        } else {
-            DeleteOrder::StorageFirst
-        }
-    } else if facts.entry_fits() == Some(true) {
-        DeleteOrder::PvFirst
+    let order = if finalizer_mode && held && pv.metadata.deletion_timestamp.is_none() {
+        DeleteOrder::BehindFinalizer
     } else {
         DeleteOrder::StorageFirst
     };
@@ -113,7 +103,6 @@ mod tests {
         serving: Serving,
         finalizer_mode: bool,
         deleted_by_us: bool,
-        entry_fits: Option<bool>,
     }
 
     impl Default for Facts {
@@ -123,7 +112,6 @@ mod tests {
                 serving: Serving::Yes,
                 finalizer_mode: false,
                 deleted_by_us: false,
-                entry_fits: Some(true),
             }
         }
     }
@@ -141,9 +129,6 @@ mod tests {
         fn deleted_by_us(&self) -> bool {
             self.deleted_by_us
         }
-        fn entry_fits(&self) -> Option<bool> {
-            self.entry_fits
-        }
     }
 
     fn pv(phase: &str, policy: &str, finalizer: bool, deleting: bool) -> PersistentVolume {
@@ -152,6 +137,11 @@ mod tests {
         pv.metadata.uid = Some("u".into());
         pv.metadata.finalizers = finalizer.then(|| vec![FINALIZER_PV.to_string()]);
         pv.metadata.deletion_timestamp = deleting.then(|| Time(Default::default()));
+        pv
+    }
+
+    fn cleared(mut pv: PersistentVolume) -> PersistentVolume {
+        pv.spec.as_mut().unwrap().claim_ref = None;
         pv
     }
 
@@ -164,37 +154,42 @@ mod tests {
 
     #[test]
     fn the_volume_plan_table() {
+        // `log` is the mode without our finalizer (`--add-pv-finalizer=false`).
         let log = Facts::default();
-        let no_log = Facts {
-            entry_fits: None,
-            ..Facts::default()
-        };
         let finalizers = Facts {
             finalizer_mode: true,
-            entry_fits: None,
             ..Facts::default()
         };
         let cases: Vec<(&str, PersistentVolume, Facts, VolumePlan<'static>)> = vec![
             (
-                "released, Delete, log: PV first",
+                "no finalizer mode: storage first (the Go library's order)",
                 pv("Released", "Delete", false, false),
                 log.clone(),
-                delete(DeleteOrder::PvFirst),
-            ),
-            (
-                "an entry too large for the log: storage first",
-                pv("Released", "Delete", false, false),
-                Facts {
-                    entry_fits: Some(false),
-                    ..log.clone()
-                },
                 delete(DeleteOrder::StorageFirst),
             ),
             (
-                "no log: storage first",
+                "finalizer mode, released before it was held: hold it first",
                 pv("Released", "Delete", false, false),
-                no_log.clone(),
-                delete(DeleteOrder::StorageFirst),
+                finalizers.clone(),
+                VolumePlan::SetFinalizer(true),
+            ),
+            (
+                "finalizer mode, held, claimRef cleared by an admin: kept",
+                cleared(pv("Released", "Delete", true, false)),
+                finalizers.clone(),
+                VolumePlan::Keep,
+            ),
+            (
+                "finalizer mode, marked deleted, claimRef cleared: let go, storage kept",
+                cleared(pv("Released", "Delete", true, true)),
+                finalizers.clone(),
+                VolumePlan::SetFinalizer(false),
+            ),
+            (
+                "no finalizer mode, claimRef cleared: kept",
+                cleared(pv("Released", "Delete", false, false)),
+                log.clone(),
+                VolumePlan::Keep,
             ),
             (
                 "finalizer mode, held, not yet marked: behind the finalizer",

@@ -22,7 +22,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::cache::{self, CachedVolume};
 use super::claim_watch::{ClaimKeeping, claim_watch};
-use super::{Caches, Context, Settings, claims, gate, node, storage, volumes};
+use super::{Caches, Context, Settings, claims, gate, node, volumes};
 use crate::metrics::Metrics;
 use crate::wasm::Plugins;
 pub use watches::slim;
@@ -214,7 +214,6 @@ async fn start_background(
                 "{error}; check --leader-election-namespace (or POD_NAMESPACE) and the RBAC for configmaps in that namespace"
             )
         })?;
-        storage::volume_entry::install_intents_ahead(ctx, volumes::queued_for_delete);
         tasks.spawn(log.clone().run());
         tasks.spawn(tasks::recover_intents(ctx.clone()));
     }

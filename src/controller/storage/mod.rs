@@ -20,7 +20,6 @@ pub mod volume_entry;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 
-use super::Context;
 use super::convert::{self, ConvertError, PvIdentity};
 use super::decide;
 use super::gate::GateError;
@@ -130,17 +129,6 @@ pub async fn build(
 pub async fn guard(guest: &Guest, pv: &PersistentVolume) -> Result<bool, StorageError> {
     let volume = convert::volume(pv)?;
     Ok(guest.should_delete(&volume).await?)
-}
-
-/// What deleting the storage of `pv` needs, for an intent-log record: the PV and its class as
-/// cached now.
-pub fn record(pv: &PersistentVolume, ctx: &Context) -> intent::Storage {
-    let class = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.storage_class_name.as_deref())
-        .and_then(|name| ctx.class(name));
-    intent::Storage::of(pv, class.as_deref())
 }
 
 /// How a storage delete ended.

@@ -201,12 +201,8 @@ impl LogState {
     }
 }
 
-/// Intents the writer adds to a write at the moment it makes it (see [`IntentLog::ahead_from`]).
-type AheadSource = Box<dyn Fn(&IntentLog) -> Vec<(String, Intent)> + Send + Sync>;
-
 /// This replica's intent log.
 pub struct IntentLog {
-    ahead: std::sync::OnceLock<AheadSource>,
     api: Api<ConfigMap>,
     name: String,
     group: String,
@@ -226,7 +222,6 @@ impl IntentLog {
         budget: Arc<RateLimiter>,
     ) -> IntentLog {
         IntentLog {
-            ahead: std::sync::OnceLock::new(),
             api: Api::namespaced(client, namespace),
             name: log_name(group, identity),
             group: group.to_string(),
@@ -337,16 +332,6 @@ impl IntentLog {
                 return Err(IntentError::Stopped);
             }
         }
-    }
-
-    /// Where the writer finds more intents to record at the moment it writes (its turn on the
-    /// budget may come a while after the records that woke it): volumes released meanwhile ride
-    /// on the same write instead of waking the next one. Set once; later calls are ignored.
-    pub fn ahead_from(
-        &self,
-        source: impl Fn(&IntentLog) -> Vec<(String, Intent)> + Send + Sync + 'static,
-    ) {
-        let _ = self.ahead.set(Box::new(source));
     }
 
     /// Whether the log holds an entry under `key` (written or about to be).
@@ -464,22 +449,8 @@ impl IntentLog {
             // waits its turn (the budget is busiest exactly when records come fastest) rides
             // on it.
             self.budget.acquire().await;
-            let records_waiting = {
-                let state = self.state();
-                state.generation > state.flushed
-            };
-            let more = match self.ahead.get() {
-                Some(source) if records_waiting => source(&self),
-                _ => Vec::new(),
-            };
             let snapshot = {
-                let mut state = self.state();
-                if state.generation > state.flushed {
-                    let generation = state.generation;
-                    for (key, intent) in more {
-                        state.put_ahead(key, &intent, generation);
-                    }
-                }
+                let state = self.state();
                 let written = match state.version {
                     // The stored log is read back first: what we wrote and it lacks was removed.
                     None => state.written.clone(),
