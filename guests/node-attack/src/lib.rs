@@ -255,7 +255,7 @@ impl Guest for NodeAttack {
                 let op = parameter(params, "op").unwrap_or("write");
                 let file = parameter(params, "file").unwrap_or("file");
                 let dir = parameter(params, "dir").unwrap_or("dir");
-                note(format!("{op}"), hoard::locked(&config, op, file, dir));
+                note(op.to_string(), hoard::locked(&config, op, file, dir));
                 Err(ProvisionError::Final(format!("did: {}", did.join("; "))))
             }
             "list-all" => {
