@@ -425,3 +425,42 @@ async fn a_delete_of_storage_outside_the_current_grants_is_refused_and_nothing_t
         "{message:?}"
     );
 }
+
+/// Issue 31, the leftover: a file name that is not UTF-8, which a pod can create, failed the
+/// host's listing (`illegal-byte-sequence`) and the volume could never be deleted. The listing
+/// now hands the guest a stand-in the host maps back; the SDK's delete removes such files and
+/// directories, deeper than the walk's stack too (moved up by `rename-at`), and nothing else.
+#[tokio::test]
+async fn a_volume_holding_names_that_are_not_utf8_is_deleted() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let hp = Loaded::new(
+        "hostpath",
+        HOSTPATH,
+        "/var/lib/wasm-provisioner/hostpath",
+        &[],
+    );
+    let req = hp.request(&[], None);
+    let built = hp.provision(&req).await;
+    let volume = hp.path(&req.pv_name);
+    let raw = |bytes: &[u8]| OsStr::from_bytes(bytes).to_owned();
+    std::fs::write(volume.join(raw(b"latin1-caf\xe9")), b"x").unwrap();
+    std::fs::write(volume.join(raw(b"\\x41\xff")), b"x").unwrap();
+    let mut deep = volume.join(raw(b"dir-\xfe"));
+    for level in 0..20u8 {
+        deep = deep.join(raw(&[b'd', 0x80 + level]));
+    }
+    std::fs::create_dir_all(&deep).unwrap();
+    std::fs::write(deep.join(raw(b"bottom-\xff")), b"x").unwrap();
+    // Beside the volume, with the very name a stand-in decodes to: never touched.
+    let neighbour = hp.path(&format!("{}-neighbour", req.pv_name));
+    std::fs::create_dir(&neighbour).unwrap();
+    std::fs::write(neighbour.join(raw(b"latin1-caf\xe9")), b"keep").unwrap();
+
+    hp.delete(&req, &built).await;
+    assert!(!volume.exists(), "the volume is gone");
+    assert_eq!(
+        std::fs::read(neighbour.join(raw(b"latin1-caf\xe9"))).unwrap(),
+        b"keep"
+    );
+}

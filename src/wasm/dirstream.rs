@@ -59,10 +59,9 @@ impl DirStream {
                 }
                 known => known,
             };
-            let name = name
-                .to_str()
-                .map_err(|_| ErrorCode::IllegalByteSequence)?
-                .to_owned();
+            // A name that is not UTF-8 (a pod can make one) gets a stand-in the calls that
+            // remove it map back ([`super::rawname`]), rather than failing the listing.
+            let name = super::rawname::stand_in(name.to_bytes());
             return Ok(Some(DirectoryEntry {
                 type_: descriptor_type(file_type),
                 name,
@@ -108,5 +107,26 @@ mod tests {
         assert_eq!(seen["f"], DescriptorType::RegularFile);
         assert_eq!(seen["l"], DescriptorType::SymbolicLink);
         assert!(stream.next_entry().unwrap().is_none(), "stays at the end");
+    }
+
+    /// Issue 31: a name that is not UTF-8 failed the listing (`illegal-byte-sequence`), so no
+    /// guest could empty the directory; it is listed as a stand-in naming it.
+    #[test]
+    fn a_name_that_is_not_utf8_is_listed_as_its_stand_in() {
+        use std::os::unix::ffi::OsStrExt;
+        let root = tempfile::tempdir().unwrap();
+        let raw = std::ffi::OsStr::from_bytes(b"bad-\xff-\xfe");
+        std::fs::write(root.path().join(raw), b"x").unwrap();
+        std::fs::write(root.path().join("good"), b"x").unwrap();
+        let dir = std::fs::File::open(root.path()).unwrap();
+        let mut stream = DirStream::open(&dir).unwrap();
+        let mut names = Vec::new();
+        while let Some(entry) = stream.next_entry().unwrap() {
+            names.push(entry.name);
+        }
+        names.sort();
+        assert_eq!(names, ["\0bad-\\xff-\\xfe", "good"]);
+        let back = super::super::rawname::host_path(&names[0]).unwrap();
+        assert_eq!(back.as_os_str().as_bytes(), raw.as_bytes());
     }
 }

@@ -19,6 +19,7 @@ pub mod nodefs;
 pub mod nodepath;
 pub mod output;
 pub mod plugins;
+pub mod rawname;
 pub mod reload;
 pub mod rename;
 pub mod runtime;

@@ -11,7 +11,10 @@
 //!   ─ destination a link afterwards (a pod swapped the source)? ─▶ removed, refused
 //! ```
 
+use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
 use rustix::fs::{FileType, Mode, OFlags};
 use wasmtime_wasi::p2::bindings::filesystem::types::ErrorCode;
@@ -40,16 +43,22 @@ fn errno_code(errno: rustix::io::Errno) -> ErrorCode {
 
 /// The directory holding the last component of `path`, opened beneath `dir` as cap-std
 /// resolves it (links followed while they stay beneath), and that component.
-fn parent_beneath(dir: &std::fs::File, path: &str) -> Result<(OwnedFd, String), RenameError> {
+/// Works on bytes: a name that is not UTF-8 arrives here mapped back from its stand-in
+/// ([`super::rawname`]).
+fn parent_beneath(dir: &std::fs::File, path: &Path) -> Result<(OwnedFd, OsString), RenameError> {
     use rustix::fs::ResolveFlags;
-    let trimmed = path.trim_end_matches('/');
-    let (parent, name) = match trimmed.rsplit_once('/') {
-        Some((parent, name)) => (if parent.is_empty() { "/" } else { parent }, name),
-        None => (".", trimmed),
+    let bytes = path.as_os_str().as_bytes();
+    let end = bytes.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1);
+    let trimmed = &bytes[..end];
+    let (parent, name): (&[u8], &[u8]) = match trimmed.iter().rposition(|&b| b == b'/') {
+        Some(0) => (b"/", &trimmed[1..]),
+        Some(at) => (&trimmed[..at], &trimmed[at + 1..]),
+        None => (b".", trimmed),
     };
-    if matches!(name, "" | "." | "..") {
+    if matches!(name, b"" | b"." | b"..") {
         return Err(RenameError::Code(ErrorCode::Invalid));
     }
+    let (parent, name) = (OsStr::from_bytes(parent), OsStr::from_bytes(name));
     let fd = rustix::fs::openat2(
         dir.as_fd(),
         parent,
@@ -71,7 +80,7 @@ fn real_path(fd: &OwnedFd) -> Result<std::path::PathBuf, RenameError> {
     Ok(path)
 }
 
-fn is_link_at(dir: &OwnedFd, name: &str) -> Result<bool, rustix::io::Errno> {
+fn is_link_at(dir: &OwnedFd, name: &OsStr) -> Result<bool, rustix::io::Errno> {
     let stat = rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
     Ok(FileType::from_raw_mode(stat.st_mode) == FileType::Symlink)
 }
@@ -84,15 +93,16 @@ fn is_link_at(dir: &OwnedFd, name: &str) -> Result<bool, rustix::io::Errno> {
 /// announced to it, and volumes at or below either path wait until the rename returned.
 pub fn checked_rename(
     old_dir: &std::fs::File,
-    old_path: &str,
+    old_path: &Path,
     new_dir: &std::fs::File,
-    new_path: &str,
+    new_path: &Path,
 ) -> Result<(), RenameError> {
     let (old_parent, old_name) = parent_beneath(old_dir, old_path)?;
     let (new_parent, new_name) = parent_beneath(new_dir, new_path)?;
     if is_link_at(&old_parent, &old_name)? {
         return Err(RenameError::Refused(format!(
-            "{old_path} is a symbolic link"
+            "{} is a symbolic link",
+            old_path.display()
         )));
     }
     let source = real_path(&old_parent)?.join(&old_name);
@@ -111,7 +121,8 @@ pub fn checked_rename(
     if is_link_at(&new_parent, &new_name).unwrap_or(false) {
         rustix::fs::unlinkat(&new_parent, &new_name, rustix::fs::AtFlags::empty())?;
         return Err(RenameError::Refused(format!(
-            "{new_path} was a symbolic link after the rename"
+            "{} was a symbolic link after the rename",
+            new_path.display()
         )));
     }
     Ok(())

@@ -220,7 +220,7 @@ enum Opened {
 /// and refused. Escapes (`..` above `dir`, absolute paths or links) fail as cap-std's do.
 fn open_beneath(
     dir: &std::fs::File,
-    path: &str,
+    path: &std::path::Path,
     flags: OFlags,
     want_dir: bool,
 ) -> Result<Opened, ErrorCode> {
@@ -453,6 +453,7 @@ impl HostDescriptor for SandboxFsView<'_> {
         if perms.write_not_permitted() && mode.contains(OpenMode::WRITE) {
             return Err(ErrorCode::NotPermitted.into());
         }
+        let path = super::rawname::host_path(&path)?;
         let opened = blocking("open-at", move || open_beneath(&dir, &path, os, want_dir)).await?;
         // wasmtime-wasi runs what it does with them on the blocking pool too.
         let descriptor = match opened {
@@ -483,7 +484,16 @@ impl HostDescriptor for SandboxFsView<'_> {
         fd: Resource<Descriptor>,
         path: String,
     ) -> FsResult<()> {
-        HostDescriptor::remove_directory_at(&mut self.inner, fd, path).await
+        let (dir, perms) = self.dir_of(&fd)?;
+        if perms.write_not_permitted() {
+            return Err(ErrorCode::NotPermitted.into());
+        }
+        let path = super::rawname::host_path(&path)?;
+        // wasmtime-wasi's own removal (cap-primitives), on the pool, with the name mapped.
+        on_pool("remove-directory-at", move || {
+            cap_primitives::fs::remove_dir(&dir, &path)
+        })
+        .await
     }
 
     async fn rename_at(
@@ -502,6 +512,8 @@ impl HostDescriptor for SandboxFsView<'_> {
         {
             return Err(ErrorCode::NotPermitted.into());
         }
+        let old_path = super::rawname::host_path(&old_path)?;
+        let new_path = super::rawname::host_path(&new_path)?;
         let outcome = blocking("rename-at", move || {
             checked_rename(&old_dir, &old_path, &new_dir, &new_path)
         })
@@ -531,9 +543,10 @@ impl HostDescriptor for SandboxFsView<'_> {
         if perms.write_not_permitted() {
             return Err(ErrorCode::NotPermitted.into());
         }
-        // wasmtime-wasi's own unlink (cap-primitives), on the pool.
+        let path = super::rawname::host_path(&path)?;
+        // wasmtime-wasi's own unlink (cap-primitives), on the pool, with the name mapped.
         on_pool("unlink-file-at", move || {
-            cap_primitives::fs::remove_file(&dir, std::path::Path::new(&path))
+            cap_primitives::fs::remove_file(&dir, &path)
         })
         .await
     }
