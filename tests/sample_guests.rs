@@ -464,3 +464,72 @@ async fn a_volume_holding_names_that_are_not_utf8_is_deleted() {
         b"keep"
     );
 }
+
+/// Issue 32, the guest's side: where the host's check passes but the guest cannot see the
+/// storage, the guest says so instead of "already gone". local-path: the node's directory is
+/// not mounted here (before: "deleting the volume without cleanup", Ok). hostpath: its grant
+/// now shows the directory under another guest path than its config's `guest-dir` (before: the
+/// path was in no preopen, found "not there", Ok). Both keep the data.
+#[tokio::test]
+async fn a_guest_that_cannot_see_where_the_storage_is_fails_the_delete() {
+    let lp = local_path();
+    let req = lp.request(&[], Some("node-a"));
+    let built = lp.provision(&req).await;
+    let node = lp.path("node-a");
+    let unmounted = lp.path("node-a.unmounted");
+    std::fs::rename(&node, &unmounted).unwrap();
+    let delete = DeleteRequest {
+        volume: as_volume(&req, &built),
+        storage_class: None,
+        config: lp.guest().grants().config_json.clone(),
+    };
+    let message = match lp.guest().delete(&delete).await {
+        Err(CallError::Guest {
+            error: ProvisionError::Final(message),
+            ..
+        }) => message,
+        other => panic!("expected a final error, got {other:?}"),
+    };
+    assert!(message.contains("not taken for gone"), "{message}");
+    assert!(std::fs::read_dir(&unmounted).unwrap().count() > 0);
+    std::fs::rename(&unmounted, &node).unwrap();
+    lp.delete(&req, &built).await;
+
+    let hostpath_dir = "/var/lib/wasm-provisioner/hostpath";
+    let hp = Loaded::new("hostpath", HOSTPATH, hostpath_dir, &[]);
+    let req = hp.request(&[], None);
+    let built = hp.provision(&req).await;
+    // The same directory, granted under another guest path than the config's guest-dir.
+    let storage = hp.storage.path().display().to_string();
+    let plugins = PluginsDir::new();
+    plugins.add(
+        "hostpath",
+        "hostpath",
+        &shipped_grant(
+            "hostpath",
+            &[
+                (hostpath_dir, &storage),
+                ("guest = \"/volumes\"", "guest = \"/elsewhere\""),
+            ],
+        ),
+    );
+    let moved = load_dir(&WasmEngine::new().unwrap(), plugins.path()).unwrap();
+    let guest = moved.for_provisioner(HOSTPATH).unwrap().clone();
+    let delete = DeleteRequest {
+        volume: as_volume(&req, &built),
+        storage_class: None,
+        config: guest.grants().config_json.clone(),
+    };
+    let message = match guest.delete(&delete).await {
+        Err(CallError::Guest {
+            error: ProvisionError::Final(message),
+            ..
+        }) => message,
+        other => panic!("expected a final error, got {other:?}"),
+    };
+    assert!(
+        message.contains("/volumes") && message.contains("not taken for gone"),
+        "{message}"
+    );
+    assert!(hp.path(&req.pv_name).is_dir(), "the volume stays");
+}

@@ -84,7 +84,8 @@ impl Provisioner for Hostpath {
         let dir = deletion::directory_to_delete(volume, &config).map_err(final_error)?;
         let guest_path = config.guest_path(&dir);
         let fields = [("pv", volume.name.as_str()), ("dir", dir.as_str())];
-        if !dirs::exists(&guest_path)? {
+        // Looked for from the granted directory, which must be there: "gone" only when it is.
+        if !dirs::present(&config.guest_dir, &guest_path)? {
             host.info("hostPath directory already gone", &fields);
         } else if deletion::archive_requested(volume) {
             let archive = dirs::rename_to_free_name(
@@ -97,7 +98,7 @@ impl Provisioner for Hostpath {
                 &[fields[0], fields[1], ("archive", &archive)],
             );
         } else {
-            dirs::remove(&guest_path)?;
+            dirs::remove_in(&config.guest_dir, &guest_path)?;
             host.info("deleted hostPath directory", &fields);
         }
         Ok(())

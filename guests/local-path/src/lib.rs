@@ -75,16 +75,10 @@ impl Provisioner for LocalPath {
             ("node", node),
             ("path", target.path.as_str()),
         ];
-        // A node that is gone takes its directory with it; the original deletes such PVs
-        // without cleanup (its PR #480) rather than retrying forever.
-        let root = config.node_root(target.node.as_deref());
-        if fs::symlink_metadata(&root).is_err() {
-            host.warn(
-                "node directory is not available: deleting the volume without cleanup",
-                &fields,
-            );
-            return Ok(());
-        }
+        // Looked for in the directory holding it, which must be there: a node's directory that
+        // is not mounted here is an error (VolumeFailedDelete, the PV kept), never "gone". A
+        // node that no longer exists is the controller's to handle (`--node-deployment`
+        // deletes its PVs without cleanup after `--node-gone-grace`), not a guess of ours.
         let guest_path = config.guest_path(target.node.as_deref(), &target.path);
         if dirs::remove(&guest_path)? {
             host.info("deleted local path", &fields);
@@ -179,19 +173,20 @@ mod tests {
         LocalPath::delete(&delete, &host).unwrap();
     }
 
+    /// Issue 32: a node's directory that is not there (unmounted, moved) was "deleted without
+    /// cleanup" (Ok); the storage may be on the node still, so it is an error now.
     #[test]
-    fn a_volume_whose_node_is_gone_is_deleted_without_cleanup() {
+    fn a_volume_whose_node_directory_is_missing_is_an_error_not_gone() {
         let nodes = Nodes::new("gone");
         let host = FakeHost::new().host_paths("/opt/lp");
         let request = request(&nodes, &[]);
         let spec = LocalPath::provision(&request, &host).unwrap();
         fs::remove_dir_all(nodes.0.join("node-a")).unwrap();
         let delete = testing::delete_request(testing::volume(&request, &spec), &nodes.config());
-        LocalPath::delete(&delete, &host).unwrap();
+        let error = LocalPath::delete(&delete, &host).unwrap_err();
         assert!(
-            host.logs().iter().any(|l| l.contains("without cleanup")),
-            "{:?}",
-            host.logs()
+            matches!(&error, ProvisionError::Final(m) if m.contains("not taken for gone")),
+            "{error:?}"
         );
     }
 

@@ -59,7 +59,8 @@ impl Provisioner for NfsSubdir {
             plan::deletion(volume, &config, request.storage_class.as_ref()).map_err(final_error)?;
         let guest_path = config.guest_path(&dir);
         let fields = [("pv", volume.name.as_str()), ("dir", dir.as_str())];
-        if !dirs::exists(&guest_path)? {
+        // Looked for from the export, which must be mounted there: "gone" only when it is.
+        if !dirs::present(&config.guest_dir, &guest_path)? {
             host.warn("NFS directory already gone", &fields);
             return Ok(());
         }
@@ -69,7 +70,7 @@ impl Provisioner for NfsSubdir {
                 return Ok(());
             }
             OnDelete::Delete => {
-                dirs::remove(&guest_path)?;
+                dirs::remove_in(&config.guest_dir, &guest_path)?;
                 host.info("deleted NFS directory", &fields);
             }
             OnDelete::Archive => {

@@ -1,6 +1,12 @@
 //! Directory chores inside the guest's granted directories, with errors that name the path:
-//! create, check, remove (already gone is fine; any depth, any number of entries, never
-//! leaving the volume whatever its pod does meanwhile), and rename to a free name (archiving).
+//! create, check, remove (any depth, any number of entries, never leaving the volume whatever
+//! its pod does meanwhile), and rename to a free name (archiving).
+//!
+//! Deleting a volume says "already gone" only after looking where its PV says the storage is:
+//! [`present`], [`remove_in`] and [`remove`] look for it from a root that must be there (the
+//! directory volumes lie in). A root that does not exist or lies in no granted directory (the
+//! grant's directory moved, its `[[dirs]]` entry dropped, a mount missing) is an error: the
+//! storage may well be there, where the guest cannot see it.
 
 use std::fs;
 use std::io::ErrorKind;
@@ -34,7 +40,9 @@ pub fn create_empty(path: &str) -> Result<(), ProvisionError> {
     Ok(())
 }
 
-/// Whether `path` exists (a symlink counts, and is not followed).
+/// Whether `path` exists (a symlink counts, and is not followed). A path in no granted
+/// directory does not exist for this: to decide that a volume's storage is gone, use
+/// [`present`].
 pub fn exists(path: &str) -> Result<bool, ProvisionError> {
     match fs::symlink_metadata(path) {
         Ok(_) => Ok(true),
@@ -43,7 +51,42 @@ pub fn exists(path: &str) -> Result<bool, ProvisionError> {
     }
 }
 
-/// `rm -r`; returns false when there was nothing to remove.
+/// Whether the storage at `path` is there, looked for from `root`, the directory the guest
+/// keeps volumes in (its granted directory, or a node's directory below it): false only when
+/// `root` is there and `path` is not (a directory between them missing too). A `root` that is
+/// not there, or lies in no granted directory, is an error, never "gone".
+pub fn present(root: &str, path: &str) -> Result<bool, ProvisionError> {
+    walk::present(&tree(), root, path).map_err(looking)
+}
+
+/// `rm -r` of `path`, looked for from `root` as [`present`] does; false when there was
+/// nothing to remove (`root` there, `path` not), an error when `root` is not there. See
+/// [`remove`] for how it removes.
+pub fn remove_in(root: &str, path: &str) -> Result<bool, ProvisionError> {
+    walk::remove(&tree(), root, path).map_err(removing)
+}
+
+#[cfg(target_os = "wasi")]
+fn tree() -> wasi::Wasi {
+    wasi::Wasi
+}
+
+#[cfg(not(target_os = "wasi"))]
+fn tree() -> native::Native {
+    native::Native
+}
+
+fn looking(failed: walk::Failed) -> ProvisionError {
+    final_error(format!("looking for {}: {}", failed.at, failed.failure))
+}
+
+fn removing(failed: walk::Failed) -> ProvisionError {
+    final_error(format!("removing {}: {}", failed.at, failed.failure))
+}
+
+/// `rm -r`; returns false when there was nothing to remove. The directory holding `path` must
+/// be there: if it is not, that is an error, not "gone" ([`remove_in`] looks from a root
+/// further up instead).
 ///
 /// A tenant's pod decides what is in a volume, and may still be running while it is deleted
 /// (a force-deleted pod on a partitioned node, another pod of a ReadWriteMany claim). So this
@@ -56,12 +99,16 @@ pub fn exists(path: &str) -> Result<bool, ProvisionError> {
 /// there, so the work grows with the number of entries whatever their depth. Nothing is kept
 /// in memory but those 16 names.
 pub fn remove(path: &str) -> Result<bool, ProvisionError> {
-    #[cfg(target_os = "wasi")]
-    let tree = wasi::Wasi;
-    #[cfg(not(target_os = "wasi"))]
-    let tree = native::Native;
-    walk::remove(&tree, path)
-        .map_err(|failed| final_error(format!("removing {}: {}", failed.at, failed.failure)))
+    let parent = match path.trim_end_matches('/').rsplit_once('/') {
+        Some(("", _)) => "/",
+        Some((parent, _)) => parent,
+        None => {
+            return Err(final_error(format!(
+                "removing {path}: not an absolute path"
+            )));
+        }
+    };
+    remove_in(parent, path)
 }
 
 /// Renames `from` to `{root}/{base}`, or `{base}-1`, `{base}-2`, ... if taken; returns the name.

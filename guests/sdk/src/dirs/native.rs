@@ -1,6 +1,7 @@
 //! The walk's calls natively (unit tests of the SDK and of guests): `openat`, `unlinkat` and
 //! `renameat` relative to descriptors, the same calls the host makes for a guest. Only the
-//! volume's parent is opened by path (following links: natively nothing is sandboxed).
+//! root a volume is looked for from is opened by path (following links: natively nothing is
+//! sandboxed).
 
 use std::os::fd::OwnedFd;
 
@@ -64,20 +65,18 @@ impl Tree for Native {
     type Dir = OwnedFd;
     type Listing = Listing;
 
-    fn parent(&self, path: &str) -> Result<(OwnedFd, String), Failure> {
-        let trimmed = path.trim_end_matches('/');
-        let (above, name) = trimmed
-            .rsplit_once('/')
-            .ok_or_else(|| Failure::Other(format!("{path} is not an absolute path")))?;
-        if matches!(name, "" | "." | "..") {
-            return Err(Failure::Other(format!(
-                "{path} does not name a directory entry"
-            )));
+    fn open_root(&self, root: &str) -> Result<OwnedFd, Failure> {
+        let root = if root.is_empty() { "/" } else { root };
+        rustix::fs::open(root, DIRECTORY.difference(OFlags::NOFOLLOW), Mode::empty())
+            .map_err(failure)
+    }
+
+    fn exists(&self, dir: &OwnedFd, name: &str) -> Result<bool, Failure> {
+        match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(_) => Ok(true),
+            Err(Errno::NOENT) => Ok(false),
+            Err(errno) => Err(failure(errno)),
         }
-        let above = if above.is_empty() { "/" } else { above };
-        let dir = rustix::fs::open(above, DIRECTORY.difference(OFlags::NOFOLLOW), Mode::empty())
-            .map_err(failure)?;
-        Ok((dir, name.to_owned()))
     }
 
     fn open_dir(&self, dir: &OwnedFd, name: &str) -> Result<OwnedFd, Failure> {

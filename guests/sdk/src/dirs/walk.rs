@@ -76,9 +76,11 @@ pub trait Tree {
     type Dir;
     type Listing: Iterator<Item = Result<(String, Kind), Failure>>;
 
-    /// The directory holding `path` (opened without following links below the granted
-    /// directory where the host sandboxes), and the name of `path` in it.
-    fn parent(&self, path: &str) -> Result<(Self::Dir, String), Failure>;
+    /// The directory `root`, opened (without following links below the granted directory
+    /// where the host sandboxes): `NoEntry` when it, or a directory above it, does not exist.
+    fn open_root(&self, root: &str) -> Result<Self::Dir, Failure>;
+    /// Whether entry `name` of `dir` exists (a link counts, and is not followed).
+    fn exists(&self, dir: &Self::Dir, name: &str) -> Result<bool, Failure>;
     /// Entry `name` of `dir`, opened as a directory: a link fails (`NotDirectory`).
     fn open_dir(&self, dir: &Self::Dir, name: &str) -> Result<Self::Dir, Failure>;
     /// The entries of `dir`, streamed, without `.` and `..`.
@@ -145,16 +147,68 @@ fn settle<T: Tree>(
     )))
 }
 
-/// Removes `path` and everything below it; false when there was nothing to remove.
-pub fn remove<T: Tree>(tree: &T, path: &str) -> Result<bool, Failed> {
+/// The directory holding `path`, reached from `root` one name at a time, and the name of
+/// `path` in it; `None` when a directory between them is missing (the storage is gone: it was
+/// looked for where it is). `root` itself must be there: a root that does not exist, or lies
+/// in no granted directory, means the guest cannot see where the storage is (a grant moved or
+/// dropped, a mount missing), and that is an error, never "gone".
+pub fn locate<T: Tree>(
+    tree: &T,
+    root: &str,
+    path: &str,
+) -> Result<Option<(T::Dir, String)>, Failed> {
     let at = |failure| Failed {
         at: path.to_owned(),
         failure,
     };
-    let (parent, name) = match tree.parent(path) {
-        Ok(found) => found,
-        Err(Failure::NoEntry) => return Ok(false),
-        Err(failure) => return Err(at(failure)),
+    let root = root.trim_end_matches('/');
+    let below = path
+        .strip_prefix(root)
+        .filter(|rest| rest.starts_with('/'))
+        .ok_or_else(|| at(Failure::Other(format!("it is not below {root}"))))?;
+    let names: Vec<&str> = below.split('/').filter(|n| !n.is_empty()).collect();
+    let Some((name, between)) = names.split_last() else {
+        return Err(at(Failure::Other(format!("it is not below {root}"))));
+    };
+    if names.iter().any(|n| matches!(*n, "." | "..")) {
+        return Err(at(Failure::Other("it has a . or .. component".to_owned())));
+    }
+    let mut dir = tree.open_root(root).map_err(|failure| Failed {
+        at: root.to_owned(),
+        failure: Failure::Other(format!(
+            "the directory this volume's storage lies in cannot be opened ({failure}), so the storage cannot be looked for; not taken for gone (was the grant's directory moved, its [[dirs]] entry dropped, or a mount is missing?)"
+        )),
+    })?;
+    for component in between {
+        dir = match tree.open_dir(&dir, component) {
+            Ok(next) => next,
+            Err(Failure::NoEntry) => return Ok(None),
+            Err(failure) => return Err(at(failure)),
+        };
+    }
+    Ok(Some((dir, (*name).to_owned())))
+}
+
+/// Whether `path` exists, looked for from `root` ([`locate`]).
+pub fn present<T: Tree>(tree: &T, root: &str, path: &str) -> Result<bool, Failed> {
+    match locate(tree, root, path)? {
+        None => Ok(false),
+        Some((dir, name)) => tree.exists(&dir, &name).map_err(|failure| Failed {
+            at: path.to_owned(),
+            failure,
+        }),
+    }
+}
+
+/// Removes `path` and everything below it, looked for from `root` ([`locate`]); false when
+/// there was nothing to remove.
+pub fn remove<T: Tree>(tree: &T, root: &str, path: &str) -> Result<bool, Failed> {
+    let at = |failure| Failed {
+        at: path.to_owned(),
+        failure,
+    };
+    let Some((parent, name)) = locate(tree, root, path)? else {
+        return Ok(false);
     };
     let mut refills = 0;
     loop {
@@ -377,9 +431,12 @@ mod tests {
         type Dir = Held<OwnedFd>;
         type Listing = Held<native::Listing>;
 
-        fn parent(&self, path: &str) -> Result<(Self::Dir, String), Failure> {
-            let (dir, name) = Native.parent(path)?;
-            Ok((self.hold(dir), name))
+        fn open_root(&self, root: &str) -> Result<Self::Dir, Failure> {
+            Native.open_root(root).map(|d| self.hold(d))
+        }
+        fn exists(&self, dir: &Self::Dir, name: &str) -> Result<bool, Failure> {
+            self.call();
+            Native.exists(&dir.inner, name)
         }
         fn open_dir(&self, dir: &Self::Dir, name: &str) -> Result<Self::Dir, Failure> {
             self.call();
@@ -413,10 +470,13 @@ mod tests {
     }
 
     fn open(path: &Path) -> OwnedFd {
-        Native
-            .parent(&path.join("x").display().to_string())
-            .unwrap()
-            .0
+        Native.open_root(&path.display().to_string()).unwrap()
+    }
+
+    /// `remove` of `path`, looked for from its parent.
+    fn remove(tree: &Counting, path: &str) -> Result<bool, Failed> {
+        let (root, _) = path.rsplit_once('/').unwrap();
+        super::remove(tree, root, path)
     }
 
     /// `depth` nested directories `a` below `top`, each made relative to the one above.
@@ -517,7 +577,41 @@ mod tests {
         let tree = Counting::default();
         let path = root.join("never");
         assert!(!remove(&tree, path.to_str().unwrap()).unwrap());
-        assert!(!remove(&tree, path.join("below").to_str().unwrap()).unwrap());
+        // Below the root, a missing directory on the way is gone too (a pruned parent).
+        let (root_text, below) = (root.to_str().unwrap(), path.join("below"));
+        assert!(!super::remove(&tree, root_text, below.to_str().unwrap()).unwrap());
+        assert!(!present(&tree, root_text, below.to_str().unwrap()).unwrap());
+        std::fs::remove_dir(&root).unwrap();
+    }
+
+    /// Issue 32: a root that is not there (its grant's directory moved away, a mount missing)
+    /// is an error, never "already gone": before, `remove` answered false (gone) for a path
+    /// whose parent did not exist.
+    #[test]
+    fn a_missing_root_is_an_error_not_gone() {
+        let root = scratch("missing-root");
+        let tree = Counting::default();
+        let moved = root.join("moved-away");
+        let path = moved.join("pvc-1");
+        let (moved, path) = (moved.to_str().unwrap(), path.to_str().unwrap());
+        for error in [
+            remove(&tree, path).unwrap_err(),
+            super::remove(&tree, moved, path).unwrap_err(),
+            present(&tree, moved, path).unwrap_err(),
+        ] {
+            assert_eq!(error.at, moved);
+            assert!(
+                error.failure.to_string().contains("not taken for gone"),
+                "{error:?}"
+            );
+        }
+        for (root, path) in [
+            (moved, "/elsewhere/pvc-1"),
+            (moved, moved),
+            (moved, &format!("{moved}/a/../b")),
+        ] {
+            assert!(super::remove(&tree, root, path).is_err(), "{path}");
+        }
         std::fs::remove_dir(&root).unwrap();
     }
 }

@@ -51,14 +51,11 @@ impl Tree for Wasi {
     type Dir = Descriptor;
     type Listing = Listing;
 
-    fn parent(&self, path: &str) -> Result<(Descriptor, String), Failure> {
-        let invalid = |why: &str| Failure::Other(format!("{path} {why}"));
-        let (above, name) = path
-            .trim_end_matches('/')
-            .rsplit_once('/')
-            .ok_or_else(|| invalid("is not an absolute path"))?;
-        if matches!(name, "" | "." | "..") {
-            return Err(invalid("does not name a directory entry"));
+    fn open_root(&self, root: &str) -> Result<Descriptor, Failure> {
+        let invalid = |why: &str| Failure::Other(format!("{root} {why}"));
+        let above = root.trim_end_matches('/');
+        if !root.starts_with('/') {
+            return Err(invalid("is not an absolute path"));
         }
         // The preopen holding it that is deepest, and the components below it.
         let below = |preopen: &str| {
@@ -81,7 +78,15 @@ impl Tree for Wasi {
             }
             dir = self.open_dir(&dir, component)?;
         }
-        Ok((dir, name.to_owned()))
+        Ok(dir)
+    }
+
+    fn exists(&self, dir: &Descriptor, name: &str) -> Result<bool, Failure> {
+        match dir.stat_at(PathFlags::empty(), name) {
+            Ok(_) => Ok(true),
+            Err(ErrorCode::NoEntry) => Ok(false),
+            Err(code) => Err(failure(code)),
+        }
     }
 
     fn open_dir(&self, dir: &Descriptor, name: &str) -> Result<Descriptor, Failure> {
