@@ -440,68 +440,36 @@ async fn retain_then_delete_keeps_the_storage(cp: Arc<ControlPlane>) -> anyhow::
     let mut w = World::new(cp, "retain-then-delete", "scripted").await?;
     w.start(&["--worker-threads", "1"])?;
     let class = w.class("c").param("deleteDelayMs", "4000").create().await?;
-    for claim in ["blocker-1", "blocker-2", "first", "second"] {
+    for claim in ["blocker", "kept"] {
         w.claim(claim).class(&class).create().await?;
     }
-    let blockers = [
-        w.wait_bound("blocker-1").await?.name_any(),
-        w.wait_bound("blocker-2").await?.name_any(),
-    ];
-    let names = [
-        w.wait_bound("first").await?.name_any(),
-        w.wait_bound("second").await?.name_any(),
-    ];
-    // The blockers' storage deletes hold the only worker for 8 s while both others become
-    // Released.
-    for claim in ["blocker-1", "blocker-2"] {
-        w.claims().delete(claim, &DeleteParams::default()).await?;
-    }
+    let blocker = w.wait_bound("blocker").await?.name_any();
+    let kept = w.wait_bound("kept").await?.name_any();
     let pvs = w.pvs();
-    w.wait("the first blocker's PV deleted", || async {
-        for pv in &blockers {
-            if pvs.get_opt(pv).await?.is_none() {
-                return Ok(Some(()));
-            }
-        }
-        Ok(None)
+    // The blocker's storage delete holds the only worker for 4 s while the other is Released.
+    w.claims()
+        .delete("blocker", &DeleteParams::default())
+        .await?;
+    w.wait("the blocker's PV marked deleted", || async {
+        Ok(pvs
+            .get_opt(&blocker)
+            .await?
+            .and_then(|p| p.metadata.deletion_timestamp)
+            .map(|_| ()))
     })
     .await?;
-    for claim in ["first", "second"] {
-        w.claims().delete(claim, &DeleteParams::default()).await?;
-    }
-    for pv in &names {
-        w.wait_pv_phase(pv, "Released").await?;
-    }
-    // The worker takes one of them next: its record carries the other one ahead, then its PV
-    // goes and its storage delete holds the worker again.
-    let gone = w
-        .wait("one of the two Released PVs deleted", || async {
-            for pv in &names {
-                if pvs.get_opt(pv).await?.is_none() {
-                    return Ok(Some(pv.clone()));
-                }
-            }
-            Ok(None)
-        })
-        .await?;
-    let kept = names.iter().find(|pv| **pv != gone).expect("two").clone();
-    let kept_pv = pvs.get(&kept).await?;
-    let kept_uid = kept_pv.metadata.uid.clone().unwrap_or_default();
-    let recorded = w
-        .intent_logs()
-        .await?
-        .iter()
-        .any(|log| log.data.as_ref().is_some_and(|d| d.contains_key(&kept_uid)));
-    ensure!(recorded, "{kept} is recorded ahead in the intent log");
-    // The admin keeps it: Retain, then `kubectl delete pv`.
+    w.claims().delete("kept", &DeleteParams::default()).await?;
+    w.wait_pv_phase(&kept, "Released").await?;
+    // The admin keeps it: Retain, then `kubectl delete pv`. Our finalizer holds it until the
+    // worker frees; then it comes off, and the storage stays.
     let retain = serde_json::json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}});
     pvs.patch(&kept, &PatchParams::default(), &Patch::Merge(&retain))
         .await?;
     pvs.delete(&kept, &DeleteParams::default()).await?;
     w.wait_pv_gone(&kept).await?;
     let storage = w.storage_of(&kept);
-    let deleted = w.storage_of(&gone);
-    w.wait_until("the first volume's storage deleted", || !deleted.exists())
+    let deleted = w.storage_of(&blocker);
+    w.wait_until("the blocker's storage deleted", || !deleted.exists())
         .await?;
     // Two recovery passes (every 10 s), live, then two more after a SIGKILL.
     tokio::time::sleep(Duration::from_secs(22)).await;
@@ -561,38 +529,46 @@ async fn a_namesake_claims_storage_survives_recovery_of_the_old_claim(
     Ok(())
 }
 
-/// Killed after a Released PV went and before its storage did (with the intent log the PV is
-/// deleted first): the restarted controller deletes the storage from the log alone.
-async fn killed_between_pv_delete_and_storage_delete_leaves_no_storage(
+/// Killed 0.5 s into a 3 s storage delete, after our DELETE of the Released PV: the PV stays,
+/// marked deleted and held by our finalizer, and the next process deletes the storage and lets
+/// the PV go. Before, the PV went first and the log recorded our DELETE lazily (with the next
+/// batch, or 2 s later): a kill before that write left the storage for ever, every time.
+async fn killed_during_a_storage_delete_the_next_process_finishes_it(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
     let mut w = World::new(cp, "killed-mid-delete", "scripted").await?;
     w.start(&[])?;
-    // The first two storage deletes fail: the PV goes, its storage stays past the kill.
-    let class = w
-        .class("c")
-        .params(&[("deleteFail", "final"), ("deleteFailTimes", "2")])
-        .create()
-        .await?;
+    let class = w.class("c").param("deleteDelayMs", "3000").create().await?;
     w.claim("data").class(&class).create().await?;
-    let pv = w.wait_bound("data").await?;
-    let (name, uid) = (pv.name_any(), pv.metadata.uid.clone().unwrap_or_default());
+    let name = w.wait_bound("data").await?.name_any();
     let storage = w.storage_of(&name);
+    let pvs = w.pvs();
     w.claims().delete("data", &DeleteParams::default()).await?;
-    w.wait_event(&uid, "VolumeFailedDelete", &["final error"])
-        .await?;
-    w.process.as_mut().unwrap().kill();
-    w.wait_pv_gone(&name).await?;
-    ensure!(storage.exists(), "storage left behind by the crash");
-    w.start(&[])?;
-    w.wait_until("the restarted controller deleted the storage", || {
-        !storage.exists()
+    w.wait("the guest's delete started", || async {
+        Ok(w.calls()
+            .iter()
+            .any(|c| *c == format!("delete {name}"))
+            .then_some(()))
     })
     .await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    w.process.as_mut().unwrap().kill();
+    let held = pvs.get(&name).await?;
     ensure!(
-        w.count_calls("delete") >= 3,
-        "two failed deletes, then the one that worked: {:?}",
-        w.calls()
+        held.metadata.deletion_timestamp.is_some()
+            && held
+                .finalizers()
+                .iter()
+                .any(|f| f == "external-provisioner.volume.kubernetes.io/finalizer"),
+        "the PV stays, marked deleted and held: {:?}",
+        held.metadata
+    );
+    ensure!(storage.exists(), "the storage outlived the kill");
+    w.start(&[])?;
+    w.wait_pv_gone(&name).await?;
+    ensure!(
+        !storage.exists(),
+        "the restarted controller deleted the storage before it let the PV go"
     );
     Ok(())
 }
@@ -842,18 +818,21 @@ async fn pv_finalizer_mode_guards_the_volume_until_storage_is_gone(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
     let mut w = World::new(cp, "pv-finalizer", "scripted").await?;
-    w.start(&["--add-pv-finalizer"])?;
+    w.start(&[])?;
     let class = w.class("c").create().await?;
     w.claim("data").class(&class).create().await?;
     let name = w.wait_bound("data").await?.name_any();
     let pvs = w.pvs();
-    w.wait("PV finalizer added", || async {
-        let p = pvs.get(&name).await?;
-        Ok(p.finalizers()
-            .iter()
-            .any(|f| f == "external-provisioner.volume.kubernetes.io/finalizer")
-            .then_some(()))
-    })
+    w.wait(
+        "PV finalizer on (from the create: on by default)",
+        || async {
+            let p = pvs.get(&name).await?;
+            Ok(p.finalizers()
+                .iter()
+                .any(|f| f == "external-provisioner.volume.kubernetes.io/finalizer")
+                .then_some(()))
+        },
+    )
     .await?;
     w.claims().delete("data", &DeleteParams::default()).await?;
     w.wait_pv_gone(&name).await?;
@@ -1016,7 +995,7 @@ fn main() -> std::process::ExitCode {
             killed_mid_call_then_claim_deleted_while_down_keeps_its_storage_and_says_so,
             retain_then_delete_keeps_the_storage,
             a_namesake_claims_storage_survives_recovery_of_the_old_claim,
-            killed_between_pv_delete_and_storage_delete_leaves_no_storage,
+            killed_during_a_storage_delete_the_next_process_finishes_it,
             killed_then_claim_deleted_while_down_with_claim_finalizer,
             claims_with_the_same_name_over_time_get_their_own_volumes,
             claims_for_other_provisioners_are_never_touched,
