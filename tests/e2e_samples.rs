@@ -165,13 +165,22 @@ async fn local_path_local_volumes_and_a_gone_node(cp: Arc<ControlPlane>) -> anyh
             )]
     );
     ensure!(w.path(&format!("node-b{local}")).is_dir());
-    // The node goes away, and its directory with it: the PV is deleted without cleanup.
-    std::fs::remove_dir_all(w.path("node-b"))?;
-    w.delete_claim("data", &pv.name_any()).await?;
-    w.wait_until("the guest said why", || {
-        w.process.log().contains("without cleanup")
-    })
-    .await?;
+    // The node's directory is no longer mounted here (issue 32): the guest cannot see where
+    // the storage is, so the delete fails with an event and nothing is taken for gone (before:
+    // "deleting the volume without cleanup", and the PV was deleted).
+    let unmounted = w.path("node-b.unmounted");
+    std::fs::rename(w.path("node-b"), &unmounted)?;
+    let pv_uid = pv.metadata.uid.clone().unwrap_or_default();
+    w.claims().delete("data", &DeleteParams::default()).await?;
+    let message = w
+        .wait_event(&pv_uid, "VolumeFailedDelete", &["not taken for gone"])
+        .await?;
+    println!("node directory missing: {message}");
+    ensure!(
+        unmounted.join(local.trim_start_matches('/')).is_dir(),
+        "the storage stays"
+    );
+    ensure!(!w.process.log().contains("without cleanup"));
     Ok(())
 }
 

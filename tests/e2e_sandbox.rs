@@ -3,6 +3,8 @@
 //! running controller. Same pattern as `tests/e2e.rs`: one control plane, a world per test.
 
 mod common;
+#[path = "e2e_sandbox/grants.rs"]
+mod grants;
 #[path = "e2e_sandbox/limits.rs"]
 mod limits;
 #[path = "e2e_sandbox/locks.rs"]
@@ -19,6 +21,7 @@ use wp_harness::{ControlPlane, Process};
 
 use common::e2e::{Fixture, uid};
 use common::{dir_grant, guest_wasm};
+use grants::a_moved_grant_never_lets_a_delete_pass_for_gone;
 use limits::{
     a_compile_bomb_under_the_containers_memory_limit, attacks_under_the_containers_memory_limit,
     the_oom_killer_takes_the_compiler_not_the_controller,
@@ -473,6 +476,7 @@ fn main() -> std::process::ExitCode {
             a_compile_bomb_under_the_containers_memory_limit,
             the_oom_killer_takes_the_compiler_not_the_controller,
             a_guest_blocked_on_a_pods_lock_never_delays_another_guests_claims,
+            a_moved_grant_never_lets_a_delete_pass_for_gone,
         ],
     )
 }
