@@ -160,7 +160,7 @@ pub fn claim_watch(
     let relists = relist_ticks(keeping.clone());
     restarting(
         move || {
-            watcher(api.clone(), watcher::Config::default())
+            crate::controller::relist::watcher(api.clone(), watcher::Config::default())
                 .default_backoff()
                 .boxed()
         },

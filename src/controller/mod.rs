@@ -20,6 +20,7 @@ pub mod leader;
 pub mod node;
 pub mod plan;
 pub mod ratelimit;
+pub mod relist;
 mod start;
 pub mod storage;
 pub mod volumes;

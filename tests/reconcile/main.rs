@@ -9,6 +9,7 @@ mod claim_cache;
 mod common;
 mod fake_api;
 mod log_safety;
+mod relist;
 mod volume_path;
 
 use std::sync::Arc;

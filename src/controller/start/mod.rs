@@ -151,7 +151,7 @@ impl Sources {
         plugins: &watch::Receiver<Arc<Plugins>>,
     ) -> Sources {
         let (classes, class_writer) = reflector::store::<StorageClass>();
-        let class_watch = watcher(Api::<StorageClass>::all(client.clone()), Default::default())
+        let class_watch = crate::controller::relist::watcher(Api::<StorageClass>::all(client.clone()), Default::default())
             .default_backoff()
             .modify(slim)
             .reflect(class_writer)

@@ -96,7 +96,7 @@ pub(super) async fn start_campaign(
         Api::namespaced(client, &settings.namespace);
     let changed = Arc::new(tokio::sync::Notify::new());
     let notify = changed.clone();
-    let lease_watch = watcher(
+    let lease_watch = crate::controller::relist::watcher(
         api.clone(),
         watcher::Config::default().fields(&format!("metadata.name={}", settings.lease_name)),
     )

@@ -43,7 +43,7 @@ pub(super) async fn watch_nodes(
     // Metadata only: node status (conditions, images, addresses) is most of a Node's bytes and
     // churn, and node mode needs names and the hostname label.
     let meta: Api<kube::core::PartialObjectMeta<Node>> = Api::all(client.clone());
-    let node_watch = watcher(meta, watcher::Config::default())
+    let node_watch = crate::controller::relist::watcher(meta, watcher::Config::default())
         .default_backoff()
         .reflect(writer)
         .for_each(move |event| {
@@ -112,7 +112,7 @@ where
         + 'static,
 {
     use futures::TryStreamExt;
-    watcher(api, watcher::Config::default())
+    crate::controller::relist::watcher(api, watcher::Config::default())
         .default_backoff()
         .inspect_ok(observe)
         .modify(move |cached| {
