@@ -151,3 +151,180 @@ async fn a_claim_that_does_not_fit_a_full_log_carries_its_intent_itself() {
     );
     assert!(!log.holds(&pvc.metadata.uid.clone().unwrap()));
 }
+
+/// Events recovery wrote, as (object name, message).
+fn events_about(world: &World) -> Vec<(String, String)> {
+    world
+        .api
+        .objects_under(&format!("/api/v1/namespaces/{NS}/events"))
+        .iter()
+        .map(|e| {
+            (
+                e["involvedObject"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                e["message"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A kill with claims recorded ahead of their turn and one call in flight: after the restart,
+/// only the called one is said to have storage that may be kept. Before, every entry the log
+/// held got a `StorageKept` warning (79 lines for one real leftover in a 200-claim kill loop):
+/// a stored entry did not say whether its guest had been called.
+#[tokio::test]
+async fn after_a_kill_only_the_call_in_flight_may_have_kept_storage() {
+    let (mut world, log) = World::logged();
+    world.class("slow", json!({"fail": "in-background"}), json!({}));
+    let queued: Vec<_> = (0..5)
+        .map(|n| world.claim(claim_of(&format!("queued-{n}"), "fast", P)))
+        .collect();
+    let called = world.claim(claim_of("called", "slow", P));
+    // Its guest never answers (as if the process were killed during the call); the claims
+    // queued behind it rode on its write, recorded ahead, never called.
+    world
+        .provision(&called)
+        .await
+        .expect_err("in the background");
+    let stored = &world.api.objects_under(LOGS)[0]["data"];
+    for pvc in &queued {
+        let uid = pvc.metadata.uid.clone().unwrap();
+        assert!(stored[&uid].is_string(), "recorded ahead: {stored}");
+    }
+    // Every claim is deleted while the provisioner is down.
+    for pvc in queued.iter().chain([&called]) {
+        claim_deleted(&mut world, pvc);
+    }
+    let restarted = restarted(&world);
+    let settled = wasm_provisioner::controller::recover_intents(&restarted)
+        .await
+        .expect("recovered");
+    assert_eq!(settled, 6, "every entry leaves the log");
+    restarted.recorder.flush(Duration::from_secs(5)).await;
+    let said = events_about(&world);
+    let kept: Vec<_> = said
+        .iter()
+        .filter(|(_, message)| message.contains("Storage"))
+        .collect();
+    assert_eq!(kept.len(), 1, "{said:?}");
+    assert_eq!(kept[0].0, "called");
+    assert!(
+        kept[0].1.starts_with("Storage may be kept:") && kept[0].1.contains("may or may not"),
+        "{}",
+        kept[0].1
+    );
+    assert!(!world.guest_calls().contains("delete"));
+    drop(log);
+}
+
+/// A claim whose turn comes after it was recorded ahead is marked called in a write that
+/// succeeds before its guest is called: a kill during that call leaves it "may be kept", never
+/// dropped as one that was never called.
+#[tokio::test]
+async fn a_claim_recorded_ahead_is_marked_called_before_its_guest_is() {
+    let (mut world, log) = World::logged();
+    world.class("slow", json!({"fail": "in-background"}), json!({}));
+    let first = world.claim(claim_of("first", "fast", P));
+    let second = world.claim(claim_of("second", "slow", P));
+    world.provision(&first).await.expect("provisioned");
+    let uid = second.metadata.uid.clone().unwrap();
+    let stored = |world: &World| {
+        world.api.objects_under(LOGS)[0]["data"][&uid]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        stored(&world).contains("\"ahead\":true"),
+        "{}",
+        stored(&world)
+    );
+    world
+        .provision(&second)
+        .await
+        .expect_err("in the background");
+    assert!(
+        !stored(&world).is_empty() && !stored(&world).contains("ahead"),
+        "its turn's write marks it called: {}",
+        stored(&world)
+    );
+    claim_deleted(&mut world, &second);
+    let restarted = restarted(&world);
+    wasm_provisioner::controller::recover_intents(&restarted)
+        .await
+        .expect("recovered");
+    restarted.recorder.flush(Duration::from_secs(5)).await;
+    assert!(
+        events_about(&world)
+            .iter()
+            .any(|(name, message)| name == "second" && message.starts_with("Storage may be kept")),
+        "{:?}",
+        events_about(&world)
+    );
+    drop(log);
+}
+
+/// A clean stop with claims recorded ahead (never called) and a claim whose PV exists leaves
+/// no log behind: those entries stand for no storage.
+#[tokio::test]
+async fn a_clean_stop_with_entries_recorded_ahead_leaves_no_log() {
+    let (mut world, log) = World::logged();
+    let claims: Vec<_> = (0..4)
+        .map(|n| world.claim(claim_of(&format!("q{n}"), "fast", P)))
+        .collect();
+    world.provision(&claims[0]).await.expect("provisioned");
+    let pv = world.api.get(&pv_path("pvc-u-q0")).expect("PV created");
+    world
+        .volumes
+        .apply_watcher_event(&watcher::Event::Apply(cached_volume(
+            serde_json::from_value(pv).unwrap(),
+        )));
+    assert_eq!(log.ahead_len(), 3, "the three claims queued behind it");
+    assert_eq!(world.api.objects_under(LOGS).len(), 1);
+    let queued = |_: &PersistentVolume| false;
+    let held = log.len();
+    let settled =
+        wasm_provisioner::controller::storage::recovery::drop_settled(&world.ctx, &queued);
+    assert_eq!(settled, held, "none stands for storage");
+    let closed = log.close(Duration::from_secs(5)).await;
+    assert!(
+        matches!(
+            closed,
+            wasm_provisioner::controller::storage::intent::Closed::Done { entries: 0, .. }
+        ),
+        "{closed:?}"
+    );
+    assert!(world.api.objects_under(LOGS).is_empty(), "no log left");
+}
+
+/// A clean stop keeps a call that never answered, and writes its log as held: the entries
+/// recorded ahead are gone from the stored log too.
+#[tokio::test]
+async fn a_clean_stop_keeps_only_what_may_stand_for_storage() {
+    let (mut world, log) = World::logged();
+    world.class("slow", json!({"fail": "in-background"}), json!({}));
+    for n in 0..3 {
+        world.claim(claim_of(&format!("q{n}"), "fast", P));
+    }
+    let called = world.claim(claim_of("called", "slow", P));
+    world
+        .provision(&called)
+        .await
+        .expect_err("in the background");
+    let queued = |_: &PersistentVolume| false;
+    wasm_provisioner::controller::storage::recovery::drop_settled(&world.ctx, &queued);
+    let closed = log.close(Duration::from_secs(5)).await;
+    assert!(
+        matches!(
+            closed,
+            wasm_provisioner::controller::storage::intent::Closed::Done { entries: 1, .. }
+        ),
+        "{closed:?}"
+    );
+    let stored = world.api.objects_under(LOGS);
+    let data = stored[0]["data"].as_object().expect("data");
+    assert_eq!(data.len(), 1, "{data:?}");
+    assert!(data.contains_key("u-called"));
+}

@@ -1183,7 +1183,7 @@ async fn node_mode_releases_a_deleted_claim_whose_node_is_gone() {
 }
 
 #[tokio::test]
-async fn one_intent_write_covers_the_queue_of_claims_behind_it() {
+async fn the_queue_behind_a_claim_rides_on_its_write_and_each_turn_is_marked_called() {
     let (mut world, _) = World::logged();
     let claims: Vec<_> = (0..8)
         .map(|n| world.claim(claim_of(&format!("q{n}"), "fast", P)))
@@ -1191,11 +1191,25 @@ async fn one_intent_write_covers_the_queue_of_claims_behind_it() {
     for pvc in &claims {
         world.provision(pvc).await.expect("provisioned");
     }
+    let writes: Vec<_> = world
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with(LOGS) && r.method != http::Method::GET)
+        .collect();
+    let first = writes[0].body["data"].as_object().expect("data");
+    assert_eq!(first.len(), 8, "the seven queued behind ride on the first");
     assert_eq!(
-        intent_writes(&world),
-        1,
-        "the first claim's write records the seven queued behind it"
+        first
+            .values()
+            .filter(|text| text.as_str().unwrap_or_default().contains("\"ahead\":true"))
+            .count(),
+        7,
+        "marked recorded ahead: {first:?}"
     );
+    // One at a time, each turn's write marks its claim called before its guest is called (a
+    // stored mark "ahead" must mean "never called"); turns that come together share a write.
+    assert_eq!(intent_writes(&world), 8);
     for n in 0..8 {
         assert!(world.api.get(&pv_path(&format!("pvc-u-q{n}"))).is_some());
     }

@@ -117,7 +117,8 @@ pub async fn run_watching(
     tasks.abort_all();
     metrics.set_ready(false);
     outcome.result?;
-    stop(&ctx).await;
+    // The log's last requests get their own grace: the in-flight work may have used it all.
+    stop(&ctx, settings.shutdown_grace.min(LOG_CLOSE_GRACE)).await;
     Ok(())
 }
 
@@ -430,18 +431,50 @@ async fn until_done(
     Outcome { result, campaign }
 }
 
-/// The orderly end after the controllers stopped: the empty intent log goes, events are flushed.
-async fn stop(ctx: &Context) {
+/// How long a clean stop keeps trying to delete (or write) its intent log at most.
+const LOG_CLOSE_GRACE: Duration = Duration::from_secs(10);
+
+/// The orderly end after the controllers stopped: entries recorded ahead leave the intent log,
+/// an empty log goes (tried again for up to `grace` while the API server fails), events are
+/// flushed.
+async fn stop(ctx: &Context, grace: Duration) {
     if let Some(log) = &ctx.intents {
+        use crate::controller::storage::intent::Closed;
+        // What stands for no storage leaves first (entries recorded ahead of a turn that never
+        // came, claims whose PV exists): a clean stop then leaves no log in the usual case.
+        let queued = |pv: &k8s_openapi::api::core::v1::PersistentVolume| {
+            crate::controller::volumes::queued_for_delete(ctx, &ctx.plugins(), pv).is_some()
+        };
+        let settled = crate::controller::storage::recovery::drop_settled(ctx, &queued);
+        tracing::debug!(
+            settled,
+            "intent entries that stand for no storage left at stop"
+        );
         // A log per process start would pile up: an empty one goes with its process.
-        match log.delete_if_empty().await {
-            Ok(true) => tracing::debug!(log = log.name(), "empty intent log deleted"),
-            Ok(false) => tracing::info!(
+        match log.close(grace).await {
+            Closed::Done {
+                entries: 0,
+                dropped,
+            } => {
+                tracing::debug!(log = log.name(), dropped, "empty intent log deleted")
+            }
+            Closed::Done { entries, dropped } => tracing::info!(
                 log = log.name(),
-                entries = log.len(),
+                entries,
+                dropped,
                 "intent log kept for recovery"
             ),
-            Err(error) => tracing::warn!(%error, "deleting the empty intent log failed"),
+            Closed::Failed {
+                error,
+                entries,
+                dropped,
+            } => tracing::warn!(
+                %error,
+                log = log.name(),
+                entries,
+                dropped,
+                "the intent log could not be closed at shutdown; it stays in the API server as last written, and the leader takes it over (its entries recorded ahead delete nothing); delete it by hand only with no provisioner running"
+            ),
         }
     }
     // Events of the last moments (a deleted claim cleaned up, a PV saved) are written, not lost.

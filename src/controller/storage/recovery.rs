@@ -6,8 +6,11 @@
 //!   no live PV names the same storage, and the guest's guard agrees;
 //! - a claim entry deletes only what the guest returned for it, once the claim is gone and no
 //!   live PV or claim names that storage;
-//! - anything else (recorded ahead, or left by a process that stopped before it knew) keeps its
-//!   storage and leaves the log.
+//! - anything else keeps its storage and leaves the log, saying exactly what is known: nothing
+//!   at all for an entry that stands for no storage (recorded ahead of a turn that never came,
+//!   a guest that answered without building, a claim whose PV exists or that is bound to it),
+//!   "may be kept" for a call whose answer was never recorded (the guest may or may not have
+//!   built storage), "kept" for storage known to exist that a live object names.
 //!
 //! The decision is [`plan_entry`] (pure, from the caches: no request while claims wait); this
 //! module executes it, and asks the API server only right before it deletes.
@@ -31,6 +34,9 @@ pub struct EntryFacts {
     /// The claim of the entry's namespace and name: its UID, whether it is being deleted, and
     /// whether it is bound.
     pub claim: Option<(String, bool, bool)>,
+    /// The claim of the entry's UID is bound to the entry's PV: that PV was created, and its
+    /// reclaim policy decides about the storage (whether the PV is still cached or not).
+    pub bound_to_its_pv: bool,
     /// Another live PV names the recorded storage.
     pub storage_named_elsewhere: bool,
     /// What the entry's guest call did is unknown: the entry came from a stored log (an earlier
@@ -47,6 +53,9 @@ pub enum EntryPlan {
     Drop,
     /// Its storage stays: the entry leaves the log, and why is said (log line and event).
     Keep(String),
+    /// Whether it built storage is unknown (a call whose answer was never recorded): the entry
+    /// leaves the log, and that its storage may be kept is said (log line and event).
+    MayBeKept(String),
     /// Delete the recorded storage, after the live checks.
     Delete,
 }
@@ -63,12 +72,14 @@ pub fn plan_entry(key: &str, intent: &Intent, facts: &EntryFacts) -> EntryPlan {
 }
 
 fn plan_claim_entry(key: &str, claim: &ClaimIntent, facts: &EntryFacts) -> EntryPlan {
-    if facts.pv.is_some() {
-        // Its PV exists: the reclaim policy decides about the storage from now on.
+    if facts.pv.is_some() || facts.bound_to_its_pv {
+        // Its PV exists, or did: the reclaim policy decides about the storage from now on.
         return EntryPlan::Drop;
     }
     match &facts.claim {
         Some((uid, deleting, _)) if uid == key && !*deleting => return EntryPlan::Leave,
+        // Recorded ahead of a turn that never came: its guest was never called.
+        _ if claim.ahead => return EntryPlan::Drop,
         // A namesake still unbound may be given the same storage by a name-based pattern: wait
         // until it has a PV, whose storage the live checks then compare.
         Some((uid, false, false)) if uid != key && claim.built.is_some() => {
@@ -77,9 +88,9 @@ fn plan_claim_entry(key: &str, claim: &ClaimIntent, facts: &EntryFacts) -> Entry
         _ => {}
     }
     match &claim.built {
-        None if facts.outcome_unknown => EntryPlan::Keep(format!(
-            "the guest of {} may have built storage for {} (claim {}/{}, now deleted) in a call that never answered (the provisioner stopped, or the call timed out, faulted or went on in the background); what it built is unknown, so nothing was deleted",
-            claim.provisioner, claim.pv, claim.namespace, claim.name
+        None if facts.outcome_unknown => EntryPlan::MayBeKept(format!(
+            "the guest of {} was called for claim {}/{} (PV {}, the claim now deleted) and no answer was recorded (the provisioner stopped during the call, or the call timed out, faulted or went on in the background); it may or may not have built storage, and what it built is unknown, so nothing was deleted: look for storage of {} in the guest's backend",
+            claim.provisioner, claim.namespace, claim.name, claim.pv, claim.pv
         )),
         // Recorded ahead and never called, or called and refused: nothing was built.
         None => EntryPlan::Drop,
@@ -112,8 +123,8 @@ fn plan_volume_entry(key: &str, volume: &VolumeIntent, facts: &EntryFacts) -> En
             volume.pv
         )),
         (_, Some(_)) => EntryPlan::Delete,
-        (_, None) if facts.outcome_unknown => EntryPlan::Keep(format!(
-            "PV {} is gone but no record says this provisioner deleted it (someone else did, or the provisioner stopped before it recorded its delete)",
+        (_, None) if facts.outcome_unknown => EntryPlan::MayBeKept(format!(
+            "PV {} is gone but no record says this provisioner deleted it (someone else did, or the provisioner stopped before it recorded its delete): whether its storage is still there is unknown, so nothing was deleted",
             volume.pv
         )),
         // Recorded ahead, and the volume path declined or another party deleted the PV.
@@ -158,7 +169,11 @@ pub async fn recover_intents(
             EntryPlan::Leave => Ok(false),
             EntryPlan::Drop => Ok(true),
             EntryPlan::Keep(why) => {
-                keep(&handle, &key, &intent, &why);
+                keep(&handle, &key, &intent, Known::Kept, &why);
+                Ok(true)
+            }
+            EntryPlan::MayBeKept(why) => {
+                keep(&handle, &key, &intent, Known::MayBeKept, &why);
                 Ok(true)
             }
             EntryPlan::Delete => delete_recorded(&handle, log, &key, &intent).await,
@@ -178,6 +193,30 @@ pub async fn recover_intents(
     Ok(settled)
 }
 
+/// At a clean stop, once no reconcile runs: the entries that stand for no storage leave this
+/// replica's log without a request or a guest call (recorded ahead of a turn that never came, a
+/// claim whose PV exists), decided by [`plan_entry`] from the caches as recovery decides them.
+/// Whatever recovery would act on or say something about stays, for the next leader. Returns
+/// how many left.
+pub fn drop_settled(ctx: &Context, queued: &(dyn Fn(&PersistentVolume) -> bool + Sync)) -> usize {
+    let Some(log) = &ctx.intents else {
+        return 0;
+    };
+    let dropped = log.drop_ahead();
+    let mut settled = 0;
+    for (key, intent) in log.entries() {
+        if log.is_fresh(&key) {
+            continue;
+        }
+        let facts = facts_of(ctx, log, &key, &intent, queued);
+        if plan_entry(&key, &intent, &facts) == EntryPlan::Drop {
+            log.drop_unless_fresh(&key);
+            settled += 1;
+        }
+    }
+    dropped + settled
+}
+
 fn facts_of(
     ctx: &Context,
     log: &IntentLog,
@@ -189,19 +228,23 @@ fn facts_of(
         let uid = cached_uid(&cached);
         (uid, cached.whole().is_some_and(|pv| queued(pv)))
     });
-    let claim = match intent {
+    let cached_claim = match intent {
         Intent::Claim(claim) => ctx
             .claims
-            .get(&ObjectRef::new(&claim.name).within(&claim.namespace))
-            .map(|pvc| claim_facts(&pvc)),
+            .get(&ObjectRef::new(&claim.name).within(&claim.namespace)),
         Intent::Volume(_) => None,
     };
+    let claim = cached_claim.as_deref().map(claim_facts);
+    let bound_to_its_pv = cached_claim
+        .as_deref()
+        .is_some_and(|pvc| bound_to(pvc, key, intent.pv()));
     let storage_named_elsewhere = intent
         .storage()
         .is_some_and(|storage| named_elsewhere(ctx, storage));
     EntryFacts {
         pv,
         claim,
+        bound_to_its_pv,
         storage_named_elsewhere,
         outcome_unknown: log.outcome_unknown(key),
     }
@@ -210,6 +253,12 @@ fn facts_of(
 fn cached_uid(cached: &CachedVolume) -> String {
     use kube::Resource;
     cached.meta().uid.clone().unwrap_or_default()
+}
+
+/// Whether `pvc` is the claim of UID `key` and is bound to PV `pv`.
+fn bound_to(pvc: &PersistentVolumeClaim, key: &str, pv: &str) -> bool {
+    pvc.metadata.uid.as_deref() == Some(key)
+        && pvc.spec.as_ref().and_then(|s| s.volume_name.as_deref()) == Some(pv)
 }
 
 fn claim_facts(pvc: &PersistentVolumeClaim) -> (String, bool, bool) {
@@ -248,9 +297,23 @@ fn other_volume_naming(ctx: &Context, pv: &PersistentVolume) -> Option<String> {
         .and_then(|cached| cached.meta().name.clone())
 }
 
-/// The storage stays; says so where an operator looks (on the claim or the PV it was for).
-fn keep(handle: &Handle<'_>, key: &str, intent: &Intent, why: &str) {
-    tracing::warn!(pv = %intent.pv(), "storage kept: {why}");
+/// What is known about storage recovery leaves in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Known {
+    /// It exists, and a live object names it (or the guest's guard keeps it).
+    Kept,
+    /// Whether it exists is unknown.
+    MayBeKept,
+}
+
+/// The storage stays; says so where an operator looks (on the claim or the PV it was for), and
+/// whether it is known to exist.
+fn keep(handle: &Handle<'_>, key: &str, intent: &Intent, known: Known, why: &str) {
+    let said = match known {
+        Known::Kept => "Storage kept",
+        Known::MayBeKept => "Storage may be kept",
+    };
+    tracing::warn!(pv = %intent.pv(), "{}: {why}", said.to_lowercase());
     let reference = match intent {
         Intent::Claim(claim) => ObjectReference {
             api_version: Some("v1".into()),
@@ -267,7 +330,7 @@ fn keep(handle: &Handle<'_>, key: &str, intent: &Intent, why: &str) {
         true,
         events::STORAGE_KEPT,
         "Delete",
-        format!("Storage kept: {why}"),
+        format!("{said}: {why}"),
     );
 }
 
@@ -298,7 +361,11 @@ async fn delete_recorded(
             return Ok(false);
         }
         LiveOwner::Named(why) => {
-            keep(handle, key, intent, &why);
+            keep(handle, key, intent, Known::Kept, &why);
+            return Ok(true);
+        }
+        LiveOwner::Settled(why) => {
+            tracing::debug!(pv = %intent.pv(), "recorded storage is a PV's: {why}");
             return Ok(true);
         }
     }
@@ -312,7 +379,13 @@ async fn delete_recorded(
             .guest(super::guard(&guest, &storage.volume))
             .await??
     {
-        keep(handle, key, intent, "the guest's deletion guard keeps it");
+        keep(
+            handle,
+            key,
+            intent,
+            Known::Kept,
+            "the guest's deletion guard keeps it",
+        );
         return Ok(true);
     }
     let deleted = super::delete(&guest, &storage.volume, storage.class.as_ref());
@@ -374,6 +447,9 @@ enum LiveOwner {
     None,
     /// A live object names it: it is kept for good (why).
     Named(String),
+    /// A claim entry whose PV exists or existed (the claim is bound to it): the storage is that
+    /// PV's, its reclaim policy decides; nothing to keep or say (why, for the debug log).
+    Settled(String),
     /// A namesake claim whose volume is not known yet may be given the same storage by a
     /// name-based pattern: not now (why), looked at again on the next pass.
     Undecided(String),
@@ -388,6 +464,10 @@ async fn live_owner(
     intent: &Intent,
 ) -> Result<LiveOwner, StorageError> {
     if let Some(live) = handle.get_pv(intent.pv()).await? {
+        if let Intent::Claim(_) = intent {
+            // Named after the claim's UID: the claim's own PV, created after all.
+            return Ok(LiveOwner::Settled(format!("PV {} exists", intent.pv())));
+        }
         let same = live.metadata.uid.as_deref() == Some(key);
         return Ok(LiveOwner::Named(if same {
             format!("PV {} is still there", intent.pv())
@@ -401,12 +481,19 @@ async fn live_owner(
     let Some(live) = handle.find_claim(&claim.namespace, &claim.name).await? else {
         return Ok(LiveOwner::None);
     };
+    let (namespace, name) = (&claim.namespace, &claim.name);
+    if bound_to(&live, key, &claim.pv) {
+        return Ok(LiveOwner::Settled(format!(
+            "claim {namespace}/{name} is bound to {}",
+            claim.pv
+        )));
+    }
     if live.metadata.deletion_timestamp.is_some() {
         return Ok(LiveOwner::None);
     }
-    let (namespace, name) = (&claim.namespace, &claim.name);
     if live.metadata.uid.as_deref() == Some(key) {
-        return Ok(LiveOwner::Named(format!(
+        // The cache has not caught up with it: the claim path's, not now.
+        return Ok(LiveOwner::Undecided(format!(
             "claim {namespace}/{name} is still there"
         )));
     }
@@ -497,7 +584,7 @@ mod tests {
                 "ahead, PV gone, after a restart",
                 volume_entry(false),
                 inherited.clone(),
-                |p| matches!(p, Keep(_)),
+                |p| matches!(p, MayBeKept(_)),
             ),
             (
                 "ahead, PV waits for the volume path",
@@ -584,6 +671,18 @@ mod tests {
             storage_named_elsewhere: true,
             ..EntryFacts::default()
         };
+        let ahead = claim_entry(false).marked_ahead(true);
+        let alive_inherited = EntryFacts {
+            claim: Some(("claim-uid".into(), false, false)),
+            outcome_unknown: true,
+            ..EntryFacts::default()
+        };
+        let bound = EntryFacts {
+            claim: Some(("claim-uid".into(), true, true)),
+            bound_to_its_pv: true,
+            outcome_unknown: true,
+            ..EntryFacts::default()
+        };
         let cases: Vec<Case> = vec![
             (
                 "claim alive: the claim path's",
@@ -611,10 +710,28 @@ mod tests {
                 |p| *p == Drop,
             ),
             (
-                "gone, nothing known built, after a restart",
+                "gone, called, no answer recorded (in flight at a kill, or unanswered)",
                 claim_entry(false),
-                inherited,
-                |p| matches!(p, Keep(_)),
+                inherited.clone(),
+                |p| matches!(p, MayBeKept(why) if why.contains("may or may not")),
+            ),
+            (
+                "gone, recorded ahead of a turn that never came, after a restart",
+                ahead.clone(),
+                inherited.clone(),
+                |p| *p == Drop,
+            ),
+            (
+                "alive, recorded ahead: its turn comes",
+                ahead,
+                alive_inherited,
+                |p| *p == Leave,
+            ),
+            (
+                "bound to its PV, the PV not cached (deleted since, or not listed yet)",
+                claim_entry(false),
+                bound,
+                |p| *p == Drop,
             ),
             (
                 "gone, namesake not yet bound",

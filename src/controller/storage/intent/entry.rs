@@ -29,6 +29,12 @@ pub struct ClaimIntent {
     pub namespace: String,
     /// The claim's name.
     pub name: String,
+    /// Recorded ahead of its turn (it rode on another claim's write): its guest has not been
+    /// called. Its turn rewrites the entry without this mark, and that write succeeds before the
+    /// guest is called, so a stored entry that carries it stands for no storage at all. Entries
+    /// of earlier versions lack it: they are taken as called.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ahead: bool,
     /// What the guest built, recorded once it returned: the only storage recovery ever deletes
     /// for a claim that is gone (a guest is never asked again to find out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -115,6 +121,7 @@ impl Intent {
             pv: pv.to_string(),
             namespace: namespace.to_string(),
             name: name.to_string(),
+            ahead: false,
             built: None,
             retries: Retries::default(),
         })
@@ -129,6 +136,19 @@ impl Intent {
             deleted: None,
             retries: Retries::default(),
         })
+    }
+
+    /// Whether this is a claim entry recorded ahead of its turn: its guest was never called.
+    pub fn is_ahead(&self) -> bool {
+        matches!(self, Intent::Claim(claim) if claim.ahead)
+    }
+
+    /// The same entry marked as recorded ahead of its turn (claims; a volume entry is as it is).
+    pub fn marked_ahead(mut self, ahead: bool) -> Intent {
+        if let Intent::Claim(claim) = &mut self {
+            claim.ahead = ahead;
+        }
+        self
     }
 
     /// The PV this intent is about.
@@ -233,6 +253,21 @@ mod tests {
     fn a_claim_entry_holds_names_only_whatever_the_claim_carries() {
         let text = Intent::claim("p", "pvc-u", &"n".repeat(63), &"c".repeat(253)).to_text();
         assert!(text.len() < 512, "{} bytes", text.len());
+    }
+
+    #[test]
+    fn a_claim_entry_says_it_was_recorded_ahead_and_older_entries_count_as_called() {
+        let ahead = Intent::claim("p", "pvc-u", "n", "c").marked_ahead(true);
+        assert!(ahead.to_text().contains("\"ahead\":true"));
+        let back: Intent = serde_json::from_str(&ahead.to_text()).unwrap();
+        assert!(back.is_ahead());
+        let called = back.marked_ahead(false);
+        assert!(!called.to_text().contains("ahead"), "{}", called.to_text());
+        let older: Intent = serde_json::from_str(
+            r#"{"kind":"claim","provisioner":"p","pv":"pvc-u","namespace":"n","name":"c"}"#,
+        )
+        .unwrap();
+        assert!(!older.is_ahead());
     }
 
     #[test]
