@@ -827,6 +827,42 @@ async fn block_claims_need_a_guest_that_supports_block(
     Ok(())
 }
 
+/// Issue 32: hostpath declares no `selector` capability, so a claim with a selector is refused
+/// with an event, gets no PV and keeps no finalizer (before: provisioned as if it had none).
+async fn claims_with_a_selector_need_a_guest_that_declares_selectors(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, "selector", "hostpath").await?;
+    w.start(&["--intent-record=claim-finalizer"])?;
+    let class = w.class("plain").create().await?;
+    let claim = w
+        .claim("picky")
+        .class(&class)
+        .selector("tier", "gold")
+        .create()
+        .await?;
+    w.wait_event(
+        &uid(&claim),
+        "ProvisioningFailed",
+        &[
+            "claim Selector is not supported",
+            "declares no `selector` capability",
+        ],
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(w.pvs().get_opt(&pv_name(&claim)).await?.is_none(), "no PV");
+    let live = w.claims().get("picky").await?;
+    let finalizers = live.metadata.finalizers.unwrap_or_default();
+    ensure!(
+        !finalizers
+            .iter()
+            .any(|f| f.starts_with("wasm-provisioner.dev/")),
+        "nothing of ours holds the claim: {finalizers:?}"
+    );
+    Ok(())
+}
+
 async fn block_claims_are_provisioned_by_guests_that_support_block(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
@@ -1085,6 +1121,7 @@ fn main() -> std::process::ExitCode {
             reschedule_drops_the_selected_node,
             in_background_is_called_again_without_counting,
             block_claims_need_a_guest_that_supports_block,
+            claims_with_a_selector_need_a_guest_that_declares_selectors,
             block_claims_are_provisioned_by_guests_that_support_block,
             a_failed_delete_is_reported_and_retried,
             guest_hooks_decide_last,

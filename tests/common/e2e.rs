@@ -112,6 +112,7 @@ impl Fixture {
             class: None,
             size: "1Gi".into(),
             block: false,
+            selector: None,
             annotations: BTreeMap::new(),
         }
     }
@@ -362,6 +363,7 @@ pub struct ClaimBuilder {
     class: Option<String>,
     size: String,
     block: bool,
+    selector: Option<serde_json::Value>,
     annotations: BTreeMap<String, String>,
 }
 
@@ -373,6 +375,12 @@ impl ClaimBuilder {
 
     pub fn size(mut self, size: &str) -> Self {
         self.size = size.into();
+        self
+    }
+
+    /// `spec.selector` matching `key=value`.
+    pub fn selector(mut self, key: &str, value: &str) -> Self {
+        self.selector = Some(json!({"matchLabels": {key: value}}));
         self
     }
 
@@ -402,6 +410,7 @@ impl ClaimBuilder {
             "spec": {
                 "storageClassName": self.class,
                 "volumeMode": mode,
+                "selector": self.selector,
                 "accessModes": ["ReadWriteOnce"],
                 "resources": {"requests": {"storage": self.size}},
             }
