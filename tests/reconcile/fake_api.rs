@@ -28,6 +28,8 @@ struct State {
     objects: BTreeMap<String, Value>,
     requests: Vec<Seen>,
     version: u64,
+    /// Requests answered 503 (an API-server outage): method, path prefix, how many more.
+    outage: Option<(Method, String, usize)>,
 }
 
 /// The fake server; clone it freely (shared state).
@@ -90,6 +92,11 @@ impl FakeApi {
         self.0.lock().unwrap().objects.get(path).cloned()
     }
 
+    /// The next `times` requests of `method` under `prefix` are answered 503 Service Unavailable.
+    pub fn outage(&self, method: Method, prefix: &str, times: usize) {
+        self.0.lock().unwrap().outage = Some((method, prefix.to_string(), times));
+    }
+
     /// Removes an object (as if deleted by someone else).
     pub fn remove(&self, path: &str) {
         self.0.lock().unwrap().objects.remove(path);
@@ -145,6 +152,17 @@ impl FakeApi {
             path: path.to_string(),
             body: body.clone(),
         });
+        if let Some((failing, prefix, left)) = &mut state.outage
+            && failing == method
+            && path.starts_with(prefix.as_str())
+            && *left > 0
+        {
+            *left -= 1;
+            let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                "reason": "ServiceUnavailable", "code": 503,
+                                "message": "the server is currently unable to handle the request"});
+            return (StatusCode::SERVICE_UNAVAILABLE, status);
+        }
         match *method {
             Method::GET => match state.objects.get(path) {
                 Some(object) => (StatusCode::OK, object.clone()),

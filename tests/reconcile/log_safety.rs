@@ -328,3 +328,51 @@ async fn a_clean_stop_keeps_only_what_may_stand_for_storage() {
     assert_eq!(data.len(), 1, "{data:?}");
     assert!(data.contains_key("u-called"));
 }
+
+/// An API-server outage at shutdown: the delete of the empty log is tried again within the
+/// grace, and a log that still cannot be deleted is said so. Before, one failed DELETE left
+/// the log behind with a single warning.
+#[tokio::test(start_paused = true)]
+async fn a_clean_stop_through_an_outage_deletes_its_log_or_says_so() {
+    use wasm_provisioner::controller::storage::intent::Closed;
+    let (mut world, log) = World::logged();
+    let pvc = world.claim(claim_of("data", "fast", P));
+    world.provision(&pvc).await.expect("provisioned");
+    let pv = world.api.get(&pv_path("pvc-u-data")).expect("PV created");
+    world
+        .volumes
+        .apply_watcher_event(&watcher::Event::Apply(cached_volume(
+            serde_json::from_value(pv).unwrap(),
+        )));
+    let queued = |_: &PersistentVolume| false;
+    wasm_provisioner::controller::storage::recovery::drop_settled(&world.ctx, &queued);
+    world.api.outage(http::Method::DELETE, LOGS, 3);
+    let closed = log.close(Duration::from_secs(10)).await;
+    assert!(
+        matches!(closed, Closed::Done { entries: 0, .. }),
+        "{closed:?}"
+    );
+    assert!(
+        world.api.objects_under(LOGS).is_empty(),
+        "deleted after the outage"
+    );
+
+    // An outage longer than the grace: the log stays, and the answer says why.
+    let (mut world, log) = World::logged();
+    let pvc = world.claim(claim_of("data", "fast", P));
+    world.provision(&pvc).await.expect("provisioned");
+    let pv = world.api.get(&pv_path("pvc-u-data")).expect("PV created");
+    world
+        .volumes
+        .apply_watcher_event(&watcher::Event::Apply(cached_volume(
+            serde_json::from_value(pv).unwrap(),
+        )));
+    wasm_provisioner::controller::storage::recovery::drop_settled(&world.ctx, &queued);
+    world.api.outage(http::Method::DELETE, LOGS, usize::MAX);
+    let closed = log.close(Duration::from_secs(3)).await;
+    let Closed::Failed { error, .. } = closed else {
+        panic!("{closed:?}");
+    };
+    assert!(error.to_string().contains("unable to handle"), "{error}");
+    assert_eq!(world.api.objects_under(LOGS).len(), 1);
+}

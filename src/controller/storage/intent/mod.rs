@@ -586,7 +586,10 @@ impl IntentLog {
                         }
                     }
                     for (key, text) in stored {
-                        if !data.contains_key(&key) {
+                        // One we wrote and hold no more was settled here since: not adopted
+                        // back (after a failed write, settled entries came back as if an
+                        // earlier process had left them).
+                        if !data.contains_key(&key) && !written.contains(&key) {
                             data.insert(key.clone(), text.clone());
                             adopted.insert(key, text);
                         }
