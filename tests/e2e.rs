@@ -577,80 +577,70 @@ async fn killed_during_a_storage_delete_the_next_process_finishes_it(
 /// delete takes 300 ms, so kills land before, during and after DELETEs and storage deletes); then
 /// it runs in peace. No PV and no storage may be left over. Before our PV finalizer held the
 /// delete, 2 of 3 such runs left storage (the log's record of a DELETE was written lazily).
-/// `WP_KILL_LOOP_RUNS=5` repeats it (docs/controller.md cites 5 of 5).
+/// docs/controller.md cites 5 runs of it in a row.
 async fn a_kill_loop_during_200_deletes_leaves_no_storage(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let runs: usize = std::env::var("WP_KILL_LOOP_RUNS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(1);
     let count = 200;
     let mut w = World::new(cp, "kill-loop", "scripted").await?;
     w.start(&[])?;
     let class = w.class("c").param("deleteDelayMs", "300").create().await?;
     let claims = w.claims();
-    for run in 0..runs {
-        for n in 0..count {
-            w.claim(&format!("c{run}-{n}"))
-                .class(&class)
-                .create()
-                .await?;
-        }
-        w.wait("every claim bound", || async {
-            let bound = claims
-                .list(&ListParams::default())
+    for n in 0..count {
+        w.claim(&format!("c{n}")).class(&class).create().await?;
+    }
+    w.wait("every claim bound", || async {
+        let bound = claims
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+            .count();
+        Ok((bound == count).then_some(()))
+    })
+    .await?;
+    claims
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    let mut kills = 0;
+    let ours = |pv: &k8s_openapi::api::core::v1::PersistentVolume| {
+        pv.spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.as_deref())
+            == Some(class.as_str())
+    };
+    let pvs = w.pvs();
+    let left = || async {
+        anyhow::Ok(
+            pvs.list(&ListParams::default())
                 .await?
                 .items
                 .iter()
-                .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
-                .count();
-            Ok((bound == count).then_some(()))
-        })
-        .await?;
-        claims
-            .delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await?;
-        let mut kills = 0;
-        let ours = |pv: &k8s_openapi::api::core::v1::PersistentVolume| {
-            pv.spec
-                .as_ref()
-                .and_then(|s| s.storage_class_name.as_deref())
-                == Some(class.as_str())
-        };
-        let pvs = w.pvs();
-        let left = || async {
-            anyhow::Ok(
-                pvs.list(&ListParams::default())
-                    .await?
-                    .items
-                    .iter()
-                    .filter(|pv| ours(pv))
-                    .count(),
-            )
-        };
-        while kills < 15 && left().await? > 0 {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            w.process.as_mut().expect("running").kill();
-            kills += 1;
-            w.start(&[])?;
-        }
-        w.wait("every PV of the run gone", || async {
-            Ok((left().await? == 0).then_some(()))
-        })
-        .await?;
-        let leftover: Vec<String> = std::fs::read_dir(w.storage.path())?
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|name| name.starts_with("pvc-") && !name.contains('.'))
-            .collect();
-        println!(
-            "kill loop run {}: {count} claims deleted under {kills} SIGKILLs every 2 s; storage left over: {}",
-            run + 1,
-            leftover.len()
-        );
-        ensure!(leftover.is_empty(), "storage left over: {leftover:?}");
+                .filter(|pv| ours(pv))
+                .count(),
+        )
+    };
+    while kills < 15 && left().await? > 0 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        w.process.as_mut().expect("running").kill();
+        kills += 1;
+        w.start(&[])?;
     }
+    w.wait("every PV of the run gone", || async {
+        Ok((left().await? == 0).then_some(()))
+    })
+    .await?;
+    let leftover: Vec<String> = std::fs::read_dir(w.storage.path())?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("pvc-") && !name.contains('.'))
+        .collect();
+    println!(
+        "kill loop: {count} claims deleted under {kills} SIGKILLs every 2 s; storage left over: {}",
+        leftover.len()
+    );
+    ensure!(leftover.is_empty(), "storage left over: {leftover:?}");
     Ok(())
 }
 

@@ -742,6 +742,12 @@ impl CallOutcome for bool {
     }
 }
 
+impl CallOutcome for Capabilities {
+    fn label(&self) -> &'static str {
+        "ok"
+    }
+}
+
 impl CallOutcome for () {
     fn label(&self) -> &'static str {
         "ok"
@@ -754,11 +760,5 @@ impl<T> CallOutcome for Result<T, ProvisionError> {
             Ok(_) => "ok",
             Err(error) => error_label(error),
         }
-    }
-}
-
-impl CallOutcome for Capabilities {
-    fn label(&self) -> &'static str {
-        "ok"
     }
 }
