@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
-use kube::api::DeleteParams;
 use kube::ResourceExt;
+use kube::api::DeleteParams;
 use wp_harness::{ControlPlane, Process};
 
 use common::PluginsDir;

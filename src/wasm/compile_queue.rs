@@ -11,7 +11,7 @@
 //! Why: the first scan compiled every module in turn before any guest served, so two modules
 //! that compile for half a minute each (and are then refused) held every good guest's first
 //! volume back by a minute, at every start. One child at a time bounds what untrusted compiles
-//! take of the container (one CPU at `SCHED_IDLE`, one child's address space: two at once could
+//! take of the container (one CPU at `SCHED_BATCH`, nice 10, one child's address space: two at once could
 //! together reach the memory limit, and the kernel would then kill the other module's child);
 //! smallest first lets a guest of a few hundred KiB go ahead of a large module queued beside it.
 //! What it does not do: stop a compile that has started. A module queued while a larger one

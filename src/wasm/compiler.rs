@@ -4,8 +4,8 @@
 //! ```text
 //! .wasm bytes ─ larger than MAX_MODULE_BYTES? ─▶ refused
 //!             ─ refused before (same SHA-256)? ─▶ refused again, not compiled
-//!             ─▶ `wasm-provisioner compile-guest` (RLIMIT_AS, RLIMIT_CPU, SCHED_IDLE and nice
-//!                  19, one compiler thread; killed at the timeout)
+//!             ─▶ `wasm-provisioner compile-guest` (RLIMIT_AS, RLIMIT_CPU, SCHED_BATCH and nice
+//!                  10, one compiler thread; killed at the timeout)
 //!                  stdin: the component, stdout: wasmtime's artifact ─▶ deserialized here
 //! ```
 //!
@@ -13,7 +13,7 @@
 //! to compile) took the whole process down at load, and a hot-reload rescan compiled a refused
 //! bomb again every time. In a child, only the child dies, and it is the OOM killer's first
 //! choice (`oom_score_adj` 1000) when the container's memory runs out while it compiles. It
-//! runs at `SCHED_IDLE` (and nice 19 where that is refused) with wasmtime's parallel compilation
+//! runs at `SCHED_BATCH`, nice 10, with wasmtime's parallel compilation
 //! off: it takes at most one CPU, and only CPU time nothing else wants. `run` compiles in the
 //! background, one module at a time ([`super::compile_queue`]); `inspect` and the other offline
 //! commands compile in the same child under the same limits.
@@ -90,7 +90,7 @@ pub enum CompileError {
 impl CompileError {
     /// Whether the same bytes under the same limits would fail again: not when the child could
     /// not be run, nor when it ran out of wall-clock time (a busy node slows it, and at
-    /// `SCHED_IDLE` it only gets idle CPU). Only such refusals are recorded on disk.
+    /// low priority it gets little CPU). Only such refusals are recorded on disk.
     pub fn is_lasting(&self) -> bool {
         matches!(self, CompileError::Failed(_))
     }
@@ -190,9 +190,11 @@ fn read_capped(from: &mut impl Read, cap: usize) -> std::io::Result<Option<Vec<u
 /// (loading, the runtime, parsing its arguments) allocates before its first line runs, and an
 /// OOM in that window would go by size. Raising a score needs no privilege.
 ///
-/// The child also gives up the CPU to everything else: `SCHED_IDLE` (it runs only when a CPU has
-/// nothing else to run), and nice 19 in case that policy is refused. Lowering one's own priority
-/// needs no privilege either; neither failing stops the compile.
+/// The child also yields the CPU to the controller: `SCHED_BATCH` at nice 10, about a tenth of a
+/// CPU the controller wants too. Not `SCHED_IDLE`: on a saturated node that starved the compile
+/// for minutes, and a guest with nothing else serving its claims never loaded (seen when a 200-
+/// claim kill loop ran beside other tests). Lowering one's own priority needs no privilege;
+/// neither call failing stops the compile.
 fn first_to_go_and_last_to_run(command: &mut Command) {
     use rustix::fs::{Mode, OFlags};
     use std::os::unix::process::CommandExt;
@@ -208,10 +210,10 @@ fn first_to_go_and_last_to_run(command: &mut Command) {
                 Mode::empty(),
             )?;
             rustix::io::write(&fd, b"1000")?;
-            let _ = rustix::process::setpriority_process(None, 19);
-            let idle = libc::sched_param { sched_priority: 0 };
+            let batch = libc::sched_param { sched_priority: 0 };
             // SAFETY (as above): one system call on a stack value.
-            let _ = libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle);
+            let _ = libc::sched_setscheduler(0, libc::SCHED_BATCH, &batch);
+            let _ = rustix::process::setpriority_process(None, 10);
             Ok(())
         });
     }
