@@ -590,14 +590,7 @@ async fn a_kill_loop_during_200_deletes_leaves_no_storage(
         w.claim(&format!("c{n}")).class(&class).create().await?;
     }
     w.wait("every claim bound", || async {
-        let bound = claims
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
-            .count();
-        Ok((bound == count).then_some(()))
+        Ok((w.bound_count().await? == count).then_some(()))
     })
     .await?;
     claims

@@ -164,17 +164,6 @@ impl World {
         Ok(())
     }
 
-    async fn bound_count(&self) -> anyhow::Result<usize> {
-        Ok(self
-            .claims()
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
-            .count())
-    }
-
     async fn wait_all_bound(&self, count: usize, timeout: Duration) -> anyhow::Result<()> {
         wait_for(&format!("{count} claims Bound"), timeout, || async {
             Ok((self.bound_count().await? == count).then_some(()))

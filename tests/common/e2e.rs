@@ -181,6 +181,18 @@ impl Fixture {
             .with_context(|| self.logs())
     }
 
+    /// How many claims of this test's namespace are Bound.
+    pub async fn bound_count(&self) -> anyhow::Result<usize> {
+        Ok(self
+            .claims()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+            .count())
+    }
+
     /// Waits until the claim is Bound and returns its PV.
     pub async fn wait_bound(&self, claim: &str) -> anyhow::Result<PersistentVolume> {
         let claims = self.claims();

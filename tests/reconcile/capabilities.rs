@@ -4,42 +4,9 @@
 
 use super::*;
 
-/// A world whose one guest, serving `P`, is `crate_name` (see [`World::new`]).
+/// A world whose one guest, serving `P`, is `crate_name` (see [`World::of`]).
 fn world_of(crate_name: &str, guest_dir: &str) -> World {
-    let storage = tempfile::tempdir().expect("tempdir");
-    let plugins = PluginsDir::new();
-    plugins.add(
-        crate_name,
-        crate_name,
-        &dir_grant(P, storage.path(), guest_dir, "max-concurrency = 16"),
-    );
-    let loaded = load_dir(&WasmEngine::new().expect("engine"), plugins.path()).expect("load");
-    let api = FakeApi::default();
-    let (classes_store, classes) = reflector::store();
-    let (volumes_store, mut volumes) = reflector::store();
-    volumes.apply_watcher_event(&watcher::Event::InitDone);
-    let (claims_store, claims) = reflector::store();
-    let ctx = Context::new(
-        api.client(),
-        Arc::new(loaded),
-        settings(),
-        Caches {
-            classes: classes_store,
-            volumes: volumes_store,
-            claims: claims_store,
-        },
-        Metrics::new(),
-        None,
-    );
-    World {
-        api,
-        ctx: Arc::new(ctx),
-        claims,
-        volumes,
-        classes,
-        storage,
-        _plugins: plugins,
-    }
+    World::of(crate_name, guest_dir, settings(), "")
 }
 
 fn with_selector(name: &str) -> Value {

@@ -329,12 +329,9 @@ async fn a_clean_stop_keeps_only_what_may_stand_for_storage() {
     assert!(data.contains_key("u-called"));
 }
 
-/// An API-server outage at shutdown: the delete of the empty log is tried again within the
-/// grace, and a log that still cannot be deleted is said so. Before, one failed DELETE left
-/// the log behind with a single warning.
-#[tokio::test(start_paused = true)]
-async fn a_clean_stop_through_an_outage_deletes_its_log_or_says_so() {
-    use wasm_provisioner::controller::storage::intent::Closed;
+/// A logged world whose one claim was provisioned (its PV cached), with what the clean stop
+/// drops already dropped: the log holds nothing, ready to be closed.
+async fn provisioned_and_settled() -> (World, Arc<IntentLog>) {
     let (mut world, log) = World::logged();
     let pvc = world.claim(claim_of("data", "fast", P));
     world.provision(&pvc).await.expect("provisioned");
@@ -346,6 +343,16 @@ async fn a_clean_stop_through_an_outage_deletes_its_log_or_says_so() {
         )));
     let queued = |_: &PersistentVolume| false;
     wasm_provisioner::controller::storage::recovery::drop_settled(&world.ctx, &queued);
+    (world, log)
+}
+
+/// An API-server outage at shutdown: the delete of the empty log is tried again within the
+/// grace, and a log that still cannot be deleted is said so. Before, one failed DELETE left
+/// the log behind with a single warning.
+#[tokio::test(start_paused = true)]
+async fn a_clean_stop_through_an_outage_deletes_its_log_or_says_so() {
+    use wasm_provisioner::controller::storage::intent::Closed;
+    let (world, log) = provisioned_and_settled().await;
     world.api.outage(http::Method::DELETE, LOGS, 3);
     let closed = log.close(Duration::from_secs(10)).await;
     assert!(
@@ -358,16 +365,7 @@ async fn a_clean_stop_through_an_outage_deletes_its_log_or_says_so() {
     );
 
     // An outage longer than the grace: the log stays, and the answer says why.
-    let (mut world, log) = World::logged();
-    let pvc = world.claim(claim_of("data", "fast", P));
-    world.provision(&pvc).await.expect("provisioned");
-    let pv = world.api.get(&pv_path("pvc-u-data")).expect("PV created");
-    world
-        .volumes
-        .apply_watcher_event(&watcher::Event::Apply(cached_volume(
-            serde_json::from_value(pv).unwrap(),
-        )));
-    wasm_provisioner::controller::storage::recovery::drop_settled(&world.ctx, &queued);
+    let (world, log) = provisioned_and_settled().await;
     world.api.outage(http::Method::DELETE, LOGS, usize::MAX);
     let closed = log.close(Duration::from_secs(3)).await;
     let Closed::Failed { error, .. } = closed else {

@@ -89,6 +89,12 @@ fn log_settings() -> Settings {
 
 impl World {
     fn new(settings: Settings, limits: &str) -> World {
+        World::of("scripted", "/state", settings, limits)
+    }
+
+    /// A world whose one guest, serving `P`, is `crate_name`, granted its storage at
+    /// `guest_dir`, with `limits` (16 slots unless they say).
+    fn of(crate_name: &str, guest_dir: &str, settings: Settings, limits: &str) -> World {
         let storage = tempfile::tempdir().expect("tempdir");
         let limits = if limits.contains("max-concurrency") {
             limits.to_string()
@@ -97,9 +103,9 @@ impl World {
         };
         let plugins = PluginsDir::new();
         plugins.add(
-            "scripted",
-            "scripted",
-            &dir_grant(P, storage.path(), "/state", &limits),
+            crate_name,
+            crate_name,
+            &dir_grant(P, storage.path(), guest_dir, &limits),
         );
         let loaded = load_dir(&WasmEngine::new().expect("engine"), plugins.path()).expect("load");
         let api = FakeApi::default();
