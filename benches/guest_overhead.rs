@@ -10,13 +10,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use wasm_provisioner::wasm::bindings::VolumeSpecBuilder;
 use wasm_provisioner::wasm::bindings::types::{
     AccessMode, HostPathType, NodeSelectorOperator, NodeSelectorRequirement, NodeSelectorTerm,
     ProvisionRequest, ReclaimPolicy,
 };
 use wasm_provisioner::wasm::executor::{ExecutorOptions, GuestExecutor};
 use wasm_provisioner::wasm::runtime::{EngineOptions, Pooling};
-use wasm_provisioner::wasm::spec::{BuiltVolume, VolumeSpecBuilder};
+use wasm_provisioner::wasm::spec::BuiltVolume;
 use wasm_provisioner::wasm::{Grants, WasmEngine, load_dir};
 
 const PROVISIONER: &str = "bench.wasm-provisioner.dev/hostpath";

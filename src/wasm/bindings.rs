@@ -1,4 +1,9 @@
-//! The one `bindgen!` of the host: Rust types and traits generated from `wit/`.
+//! The one `bindgen!` of the host: Rust types and traits generated from `wit/`, and the host
+//! type behind the contract's one resource.
+
+use std::collections::BTreeMap;
+
+use self::types::{AccessMode, NodeSelectorTerm, ReclaimPolicy, VolumeMode, VolumeSource};
 
 wasmtime::component::bindgen!({
     path: "wit",
@@ -7,7 +12,7 @@ wasmtime::component::bindgen!({
     exports: { default: async },
     additional_derives: [PartialEq],
     with: {
-        "wasm-provisioner:provisioner/volume-builder.volume-spec": super::spec::VolumeSpecBuilder,
+        "wasm-provisioner:provisioner/volume-builder.volume-spec": VolumeSpecBuilder,
     },
 });
 
@@ -20,3 +25,24 @@ pub use self::wasm_provisioner::provisioner::{host, types, volume_builder};
 pub const PACKAGE: &str = "wasm-provisioner:provisioner";
 /// The package version this host serves; any `0.1.x` guest links (wasmtime matches `0.y` on the minor).
 pub const PACKAGE_VERSION: &str = "0.1.0";
+
+/// A PV under construction, as a guest built it through the host API (the `volume-spec`
+/// resource). Defined beside the bindings because the generated code names it and it holds
+/// generated types; its setters, each checked against the grants, and `finish` are in
+/// [`super::spec`], the only module that writes these fields.
+#[derive(Debug, Default, Clone)]
+pub struct VolumeSpecBuilder {
+    pub(super) capacity: Option<u64>,
+    pub(super) access_modes: Option<Vec<AccessMode>>,
+    pub(super) volume_mode: Option<VolumeMode>,
+    pub(super) reclaim_policy: Option<ReclaimPolicy>,
+    pub(super) mount_options: Option<Vec<String>>,
+    pub(super) node_affinity: Vec<NodeSelectorTerm>,
+    pub(super) labels: BTreeMap<String, String>,
+    pub(super) annotations: BTreeMap<String, String>,
+    pub(super) source: Option<VolumeSource>,
+    /// Setter calls the host refused, and the first refusal: a spec returned after a refusal is
+    /// not what the guest meant to build, so it is rejected as a whole.
+    pub(super) refusals: usize,
+    pub(super) first_refusal: Option<String>,
+}

@@ -23,6 +23,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use wasmtime::{Config, Engine};
+
 /// Largest `.wasm` the host reads (guests are a few hundred KiB).
 pub const MAX_MODULE_BYTES: usize = 32 << 20;
 
@@ -182,6 +184,27 @@ fn read_capped(from: &mut impl Read, cap: usize) -> std::io::Result<Option<Vec<u
     Ok(None)
 }
 
+/// Compiles component `bytes` as the host's engine would ([`base_config`]), to wasmtime's
+/// artifact (the `compile-guest` child's work). On one thread: the child takes at most one CPU
+/// (how functions are compiled is no part of the artifact's compatibility, so the parent's
+/// engine loads it).
+pub fn precompile(bytes: &[u8]) -> wasmtime::Result<Vec<u8>> {
+    let mut config = base_config();
+    config.parallel_compilation(false);
+    Engine::new(&config)?.precompile_component(bytes)
+}
+
+/// The settings of every engine of this host, the child's too: an artifact loads only into an
+/// engine configured alike (wasmtime refuses it otherwise).
+pub fn base_config() -> Config {
+    let mut config = Config::new();
+    config.epoch_interruption(true);
+    config.wasm_component_model(true);
+    // Guests recursing without bound hit this, not the host's stack.
+    config.max_wasm_stack(1 << 20);
+    config
+}
+
 /// Makes the child the kernel's OOM killer's first choice (`oom_score_adj` 1000) from its first
 /// instruction. Compiling shares the container's memory limit with the controller, and RLIMIT_AS
 /// caps the child's address space, not what the cgroup has left: when the two together reach the
@@ -247,7 +270,7 @@ pub fn run_child(memory_mib: u64, cpu_seconds: u64) -> anyhow::Result<()> {
         input.len() <= MAX_MODULE_BYTES,
         "larger than {MAX_MODULE_BYTES} bytes"
     );
-    let artifact = super::engine::precompile(&input).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    let artifact = precompile(&input).map_err(|e| anyhow::anyhow!("{e:#}"))?;
     std::io::stdout().write_all(&artifact)?;
     Ok(())
 }

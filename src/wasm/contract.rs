@@ -158,6 +158,11 @@ impl ContractInfo {
     }
 }
 
+/// The hooks a guest implements, for display.
+pub fn hook_names(hooks: &BTreeSet<Hook>) -> Vec<&'static str> {
+    hooks.iter().map(|h| h.as_str()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

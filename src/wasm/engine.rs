@@ -1,7 +1,8 @@
 //! The wasm engine: one wasmtime `Engine` and `Linker` for all guests, the epoch ticker that
-//! drives deadlines, the instance pool, and compiling and linking a guest once per module.
+//! drives deadlines, the instance pool ([`super::pool`] sizes and shares it), and compiling and
+//! linking a guest once per module.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,11 +10,11 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy};
 
 use super::bindings::{ProvisionerFull, block_support, deletion_guard, lifecycle, qualifier};
 use super::cache::ModuleCache;
-use super::compiler::{CompileLimits, MAX_MODULE_BYTES, compile_in_child};
+use super::compiler::{CompileLimits, MAX_MODULE_BYTES, base_config, compile_in_child};
 use super::contract::{ContractInfo, Hook};
 use super::errors::LoadError;
 use super::executor::{ExecutorOptions, GuestExecutor};
@@ -21,104 +22,11 @@ use super::grants::Grants;
 use super::guest::Guest;
 use super::host::GuestState;
 use super::nodefs::{DEFAULT_KUBELET_DIR, NodeFilesystems};
+use super::pool::{POOL_CORE_INSTANCES, PoolLedger, pool_units};
 use crate::metrics::Metrics;
 
 /// How often the epoch ticks; deadlines are checked against the wall clock on each tick.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
-/// Concurrent instances the pooling allocator is sized for (all guests together); calls beyond
-/// it wait for a slot rather than fail to instantiate.
-pub const POOL_INSTANCES: u32 = 128;
-
-/// Core instances, and tables, in the pool: [`POOL_INSTANCES`] calls at the default grant's
-/// cap each (slots are address space until used).
-pub const POOL_CORE_INSTANCES: u32 = POOL_INSTANCES * super::grants::DEFAULT_INSTANCES as u32;
-/// Linear memories in the pool: [`POOL_INSTANCES`] calls of 2 each.
-pub const POOL_MEMORIES: u32 = POOL_INSTANCES * 2;
-
-/// The units of the pool one call of a guest holds: every call takes one component instance
-/// and at most `instances` core instances, `instances` tables and `memories` memories (its
-/// limiter's caps). A unit stands for one core instance and one table, an eighth of a component
-/// instance and a quarter of a memory, so calls holding at most [`POOL_CORE_INSTANCES`] units
-/// together can never exhaust any part of the pool, whatever their grants say.
-pub fn pool_units(instances: usize, memories: usize) -> u32 {
-    let per_call = (POOL_CORE_INSTANCES / POOL_INSTANCES) as usize;
-    let per_memory = (POOL_CORE_INSTANCES / POOL_MEMORIES) as usize;
-    let units = instances
-        .max(per_call)
-        .max(memories.saturating_mul(per_memory));
-    units.min(POOL_CORE_INSTANCES as usize) as u32
-}
-
-/// What the loaded guests reserve of the pool: under each guest's name, the units its calls
-/// hold at its `max-concurrency` ([`pool_units`] each), one entry per version alive (an old
-/// version finishes its calls during a reload); a name counts once, at its largest entry.
-#[derive(Default)]
-struct PoolLedger {
-    by_guest: Mutex<HashMap<String, Vec<u64>>>,
-}
-
-impl PoolLedger {
-    /// Reserves `calls x per_call` units for guest `guest`, or refuses when the other guests
-    /// leave less: the sum over loaded guests at their caps always fits the pool, so no
-    /// guest's call waits for another guest's units (the per-call semaphore can only block
-    /// while an old and a new version of one guest both have calls in flight during a reload).
-    fn reserve(
-        self: &Arc<Self>,
-        guest: &str,
-        calls: usize,
-        per_call: u32,
-    ) -> Result<PoolReservation, LoadError> {
-        let units = (calls as u64).saturating_mul(per_call as u64);
-        let mut by_guest = self.by_guest.lock().unwrap_or_else(|e| e.into_inner());
-        let reserved: u64 = by_guest
-            .iter()
-            .filter(|(name, _)| name.as_str() != guest)
-            .map(|(_, entries)| entries.iter().copied().max().unwrap_or(0))
-            .sum();
-        if reserved.saturating_add(units) > POOL_CORE_INSTANCES as u64 {
-            return Err(LoadError::Pool {
-                guest: guest.to_owned(),
-                needs: units,
-                calls,
-                per_call,
-                reserved,
-                total: POOL_CORE_INSTANCES,
-            });
-        }
-        by_guest.entry(guest.to_owned()).or_default().push(units);
-        Ok(PoolReservation {
-            ledger: self.clone(),
-            guest: guest.to_owned(),
-            units,
-        })
-    }
-}
-
-/// One loaded guest version's share of the pool, given back when its last clone is dropped.
-pub(super) struct PoolReservation {
-    ledger: Arc<PoolLedger>,
-    guest: String,
-    units: u64,
-}
-
-impl Drop for PoolReservation {
-    fn drop(&mut self) {
-        let mut by_guest = self
-            .ledger
-            .by_guest
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(entries) = by_guest.get_mut(&self.guest) {
-            if let Some(at) = entries.iter().position(|u| *u == self.units) {
-                entries.swap_remove(at);
-            }
-            if entries.is_empty() {
-                by_guest.remove(&self.guest);
-            }
-        }
-    }
-}
-
 /// Whether instances come from a preallocated pool (fast, bounded) or are allocated per call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Pooling {
@@ -167,54 +75,18 @@ pub struct WasmEngine {
     node_filesystems: Arc<NodeFilesystems>,
 }
 
+/// The engine's configuration with instances from the pool ([`super::pool`]).
+fn pooling_config() -> Config {
+    let mut config = base_config();
+    config.allocation_strategy(InstanceAllocationStrategy::Pooling(
+        super::pool::allocation(),
+    ));
+    config
+}
+
 /// Refused modules remembered at most (a directory full of distinct bad files cannot grow the
 /// memo without bound; one is forgotten for each new one, and compiled again if it comes back).
 const REFUSED_REMEMBERED: usize = 256;
-
-/// Compiles component `bytes` as [`WasmEngine`]'s engine would, to wasmtime's artifact (the
-/// `compile-guest` child's work). On one thread: the child takes at most one CPU (how functions
-/// are compiled is no part of the artifact's compatibility, so the parent's engine loads it).
-pub fn precompile(bytes: &[u8]) -> wasmtime::Result<Vec<u8>> {
-    let mut config = base_config();
-    config.parallel_compilation(false);
-    Engine::new(&config)?.precompile_component(bytes)
-}
-
-fn base_config() -> Config {
-    let mut config = Config::new();
-    config.epoch_interruption(true);
-    config.wasm_component_model(true);
-    // Guests recursing without bound hit this, not the host's stack.
-    config.max_wasm_stack(1 << 20);
-    config
-}
-
-/// Bytes of each pooled memory and table kept resident between calls. A slot is reset to its
-/// initial contents either way: with the kernel's `PAGEMAP_SCAN` (Linux 6.7+) only the pages
-/// the last call dirtied are rewritten, so the next call takes no page faults there and the
-/// reset needs no `madvise` (whose TLB shootdown interrupts the other CPUs); without it the
-/// low bytes are rewritten with `memset`.
-pub const POOL_KEEP_RESIDENT: usize = 256 << 10;
-
-/// The pool: memories up to the largest grant (4 GiB; each guest's own cap is enforced by its
-/// limiter), room for [`POOL_INSTANCES`] component instances, the first
-/// [`POOL_KEEP_RESIDENT`] bytes of each slot kept resident, the rest returned to the OS on reuse.
-fn pooling_config() -> Config {
-    let mut pool = PoolingAllocationConfig::new();
-    pool.total_component_instances(POOL_INSTANCES)
-        .total_core_instances(POOL_CORE_INSTANCES)
-        .total_memories(POOL_MEMORIES)
-        .total_tables(POOL_CORE_INSTANCES)
-        .total_stacks(POOL_INSTANCES)
-        .max_memory_size(4 << 30)
-        .table_elements(super::grants::DEFAULT_TABLE_ELEMENTS)
-        .linear_memory_keep_resident(POOL_KEEP_RESIDENT)
-        .table_keep_resident(POOL_KEEP_RESIDENT)
-        .pagemap_scan(wasmtime::Enabled::Auto);
-    let mut config = base_config();
-    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    config
-}
 
 impl WasmEngine {
     /// Creates the engine with default options (pooling when possible, no module cache).
@@ -247,7 +119,7 @@ impl WasmEngine {
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| LoadError::Engine(e.to_string()))?;
         // The guest's filesystem goes through the guard (links, special files, descriptors).
-        super::sandbox_fs::add_to_linker(&mut linker)
+        super::sandbox_fs::add_to_linker(&mut linker, GuestState::sandbox_fs)
             .map_err(|e| LoadError::Engine(e.to_string()))?;
         ProvisionerFull::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)
             .map_err(|e| LoadError::Engine(e.to_string()))?;
@@ -585,70 +457,4 @@ pub fn read_module(path: &Path) -> Result<Vec<u8>, LoadError> {
         })
         .map_err(read_err)?;
     Ok(bytes)
-}
-
-/// The hooks a guest implements, for display.
-pub fn hook_names(hooks: &BTreeSet<Hook>) -> Vec<&'static str> {
-    hooks.iter().map(|h| h.as_str()).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn calls_at_their_caps_never_exhaust_the_pool() {
-        for (instances, memories) in [(1, 1), (2, 2), (8, 2), (32, 2), (32, 16), (1000, 16)] {
-            let units = pool_units(instances, memories);
-            let calls = POOL_CORE_INSTANCES / units;
-            assert!(
-                calls <= POOL_INSTANCES,
-                "{instances}/{memories}: component instances"
-            );
-            assert!(
-                calls as usize * instances.min(POOL_CORE_INSTANCES as usize)
-                    <= POOL_CORE_INSTANCES as usize,
-                "{instances}/{memories}: core instances and tables"
-            );
-            assert!(
-                calls as usize * memories <= POOL_MEMORIES as usize,
-                "{instances}/{memories}: memories"
-            );
-            assert!(calls >= 1, "a call always fits");
-        }
-        // The default grant still gets all 128 calls (before, 128 calls of up to 32 core
-        // instances each shared 1,024 slots); a grant raising its caps gets fewer.
-        assert_eq!(POOL_CORE_INSTANCES / pool_units(32, 2), POOL_INSTANCES);
-        assert_eq!(POOL_CORE_INSTANCES / pool_units(1000, 2), 4);
-    }
-
-    #[test]
-    fn the_loaded_guests_reservations_never_exceed_the_pool() {
-        let ledger = Arc::new(PoolLedger::default());
-        let per_call = pool_units(32, 2);
-        // 32 guests of the default grant (4 calls of 32 units) fill the pool exactly.
-        let mut held: Vec<_> = (0..32)
-            .map(|i| ledger.reserve(&format!("g{i}"), 4, per_call).unwrap())
-            .collect();
-        let refused = ledger.reserve("one-more", 4, per_call).err().unwrap();
-        assert!(
-            refused
-                .to_string()
-                .contains("needs 128 units of the instance pool"),
-            "{refused}"
-        );
-        // A new version of a loaded guest (a reload) counts once, at the larger reservation.
-        let reload = ledger.reserve("g0", 4, per_call).unwrap();
-        assert!(
-            ledger.reserve("g1", 5, per_call).is_err(),
-            "g1 grows past the pool"
-        );
-        drop(held.pop());
-        drop(reload);
-        ledger.reserve("one-more", 4, per_call).unwrap();
-        // One grant alone larger than the pool never loads.
-        let alone = Arc::new(PoolLedger::default());
-        assert!(alone.reserve("greedy", 129, per_call).is_err());
-        assert!(alone.reserve("greedy", 128, per_call).is_ok());
-    }
 }

@@ -58,7 +58,7 @@ pub enum LoadError {
         message: String,
     },
     /// The guest's calls at its `max-concurrency` would not fit in what the other loaded
-    /// guests left of the instance pool ([`super::engine::pool_units`]).
+    /// guests left of the instance pool ([`super::pool::pool_units`]).
     #[error(
         "guest {guest} needs {needs} units of the instance pool ({calls} calls of {per_call}: limits.max-concurrency x the larger of limits.instances and 16 per memory) but the other guests reserve {reserved} of {total}; lower its max-concurrency or instances"
     )]

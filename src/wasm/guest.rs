@@ -26,7 +26,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx};
 use super::bindings::types::{
     Claim, DeleteRequest, ProvisionError, ProvisionRequest, StorageClass, Volume, VolumeSource,
 };
-use super::bindings::{block_support, deletion_guard, lifecycle, qualifier};
+use super::bindings::{VolumeSpecBuilder, block_support, deletion_guard, lifecycle, qualifier};
 use super::capabilities::{Capabilities, Capability};
 use super::contract::ContractInfo;
 use super::errors::{CallError, FaultKind, error_label};
@@ -35,6 +35,7 @@ use super::grants::{DirAccess, Grants};
 use super::handles::{HandleCapHit, Lingering, TABLE_ENTRIES_PER_CALL};
 use super::host::GuestState;
 use super::output::BoundedOutput;
+use super::pool::PoolReservation;
 use super::spec::BuiltVolume;
 use crate::metrics::Metrics;
 
@@ -57,10 +58,10 @@ pub struct Guest {
     pub(super) contract: Arc<ContractInfo>,
     pub(super) semaphore: Arc<Semaphore>,
     pub(super) pool_slots: Option<Arc<Semaphore>>,
-    /// Units of the pool each call holds ([`super::engine::pool_units`]).
+    /// Units of the pool each call holds ([`super::pool::pool_units`]).
     pub(super) pool_units: u32,
     /// This guest's share of the pool at its `max-concurrency`, held while it is loaded.
-    pub(super) pool_reservation: Option<Arc<super::engine::PoolReservation>>,
+    pub(super) pool_reservation: Option<Arc<PoolReservation>>,
     pub(super) pre: InstancePre<GuestState>,
     pub(super) lifecycle: lifecycle::GuestIndices,
     pub(super) qualifier: Option<qualifier::GuestIndices>,
@@ -110,7 +111,7 @@ struct SupportsBlock<'r>(&'r block_support::GuestIndices);
 struct Supported<'r>(&'r wasmtime::component::ComponentExportIndex);
 
 impl Export for Provision<'_> {
-    type Output = Result<super::spec::VolumeSpecBuilder, ProvisionError>;
+    type Output = Result<VolumeSpecBuilder, ProvisionError>;
     const OPERATION: &'static str = "provision";
     async fn invoke(
         self,
@@ -338,7 +339,7 @@ impl Guest {
     /// would otherwise have every delete answer "already gone" and leave the data behind.
     fn check_held(&self, volume: &Volume) -> Result<(), CallError> {
         let why = match super::spec::check_source(&self.grants, &volume.source) {
-            Err(error) => super::describe_spec_error(&error),
+            Err(error) => super::spec::describe_spec_error(&error),
             Ok(()) => match super::nodepath::node_path(&volume.source) {
                 Some(path)
                     if self.grants.volumes.on_disk_check != Some(false)
@@ -384,7 +385,7 @@ impl Guest {
     /// served, [`super::served`]), and the path on disk.
     async fn validate(
         &self,
-        spec: super::spec::VolumeSpecBuilder,
+        spec: VolumeSpecBuilder,
         pv_name: &str,
         selected_node: Option<&str>,
     ) -> Result<BuiltVolume, CallError> {
@@ -394,9 +395,9 @@ impl Guest {
         };
         let built = spec
             .finish(&self.grants)
-            .map_err(|e| rejected(super::describe_spec_error(&e)))?;
+            .map_err(|e| rejected(super::spec::describe_spec_error(&e)))?;
         super::spec::check_selected_node(&built, selected_node)
-            .map_err(|e| rejected(super::describe_spec_error(&e)))?;
+            .map_err(|e| rejected(super::spec::describe_spec_error(&e)))?;
         let Some(path) = super::nodepath::node_path(&built.source) else {
             return Ok(built);
         };

@@ -12,12 +12,11 @@ use super::bindings::types::{
     AccessMode, CsiSource, HostPathType, LogLevel, NodeSelectorTerm, Pair, ReclaimPolicy,
     SpecError, VolumeMode,
 };
-use super::bindings::{host, types, volume_builder};
+use super::bindings::{VolumeSpecBuilder, host, types, volume_builder};
 use super::grants::Grants;
 use super::handles::{FsGuard, Lingering, TABLE_ENTRIES_PER_CALL};
 use super::output::printable;
 use super::sandbox_fs::SandboxFsView;
-use super::spec::VolumeSpecBuilder;
 
 /// What each `host.log` message costs on top of its text, so a flood of empty messages runs out
 /// of budget too (one line of output is never free).

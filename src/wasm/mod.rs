@@ -19,6 +19,7 @@ pub mod nodefs;
 pub mod nodepath;
 pub mod output;
 pub mod plugins;
+pub mod pool;
 pub mod rawname;
 pub mod reload;
 pub mod rename;
@@ -29,13 +30,6 @@ pub mod spec;
 
 pub use bindings::types::{ProvisionError, SpecError};
 pub use grants::Grants;
-pub use plugins::{Availability, Plugins, load_dir};
+pub use plugins::{Availability, Plugins};
+pub use reload::load_dir;
 pub use runtime::{CallError, EngineOptions, FaultKind, Guest, LoadError, Pooling, WasmEngine};
-
-/// One line describing a refused volume-spec value.
-pub fn describe_spec_error(error: &SpecError) -> String {
-    match error {
-        SpecError::NotGranted(m) => format!("not granted: {m}"),
-        SpecError::Invalid(m) => format!("invalid: {m}"),
-    }
-}

@@ -7,8 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::reload::Loader;
-use super::runtime::{Guest, WasmEngine};
+use super::guest::Guest;
 
 /// A file in the plugins directory that was not loaded, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,10 +179,4 @@ pub(crate) fn list_dir(dir: &Path) -> Result<Listing, PluginDirError> {
         wasm_files,
         problems,
     })
-}
-
-/// Loads every guest in `dir` once. Compiles, so call it off the async hot path.
-pub fn load_dir(engine: &WasmEngine, dir: &Path) -> Result<Plugins, PluginDirError> {
-    let mut loader = Loader::new(engine.clone(), dir.to_owned());
-    Ok(loader.scan()?.plugins)
 }

@@ -461,6 +461,12 @@ impl Loader {
     }
 }
 
+/// Loads every guest in `dir` once. Compiles, so call it off the async hot path.
+pub fn load_dir(engine: &WasmEngine, dir: &Path) -> Result<Plugins, PluginDirError> {
+    let mut loader = Loader::new(engine.clone(), dir.to_owned());
+    Ok(loader.scan()?.plugins)
+}
+
 /// A file that was not (re)loaded, and whether an older version keeps serving.
 struct Refusal {
     problem: PluginProblem,

@@ -50,8 +50,6 @@ use wasmtime_wasi::p2::{DynInputStream, DynOutputStream};
 use wasmtime_wasi::p2::{FsError, FsResult};
 use wasmtime_wasi::{FsPerms, OpenMode};
 
-use super::host::GuestState;
-
 /// Runs `work` on the blocking pool and maps its I/O error to the guest's error code.
 async fn on_pool(
     what: &str,
@@ -170,13 +168,15 @@ impl HasData for SandboxFs {
 }
 
 /// Links `wasi:filesystem/types` and `preopens` through the guard, over the definitions that
-/// `wasmtime_wasi::p2::add_to_linker_async` put there (call that first).
-pub fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+/// `wasmtime_wasi::p2::add_to_linker_async` put there (call that first); `view` is the store
+/// state's guarded view (the per-call state knows this module, not the other way round).
+pub fn add_to_linker<T: Send + 'static>(
+    linker: &mut Linker<T>,
+    view: fn(&mut T) -> SandboxFsView<'_>,
+) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
-    let result = types::add_to_linker::<GuestState, SandboxFs>(linker, GuestState::sandbox_fs)
-        .and_then(|()| {
-            preopens::add_to_linker::<GuestState, SandboxFs>(linker, GuestState::sandbox_fs)
-        });
+    let result = types::add_to_linker::<T, SandboxFs>(linker, view)
+        .and_then(|()| preopens::add_to_linker::<T, SandboxFs>(linker, view));
     linker.allow_shadowing(false);
     result
 }

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use super::bindings::VolumeSpecBuilder;
 use super::bindings::types::{
     AccessMode, CsiSource, HostPathSource, HostPathType, LocalSource, NfsSource,
     NodeSelectorOperator, NodeSelectorTerm, Pair, ReclaimPolicy, SpecError, VolumeMode,
@@ -26,24 +27,6 @@ pub const MAX_CAPACITY_BYTES: u64 = i64::MAX as u64;
 const RESERVED_PREFIXES: &[&str] = &["wasm-provisioner.dev/", "kubernetes.io/", "k8s.io/"];
 /// Domains reserved with all their subdomains (`pv.kubernetes.io/`, `volume.beta.kubernetes.io/`, ...).
 const RESERVED_DOMAINS: &[&str] = &["kubernetes.io/", "k8s.io/"];
-
-/// A PV under construction, as a guest built it through the host API.
-#[derive(Debug, Default, Clone)]
-pub struct VolumeSpecBuilder {
-    capacity: Option<u64>,
-    access_modes: Option<Vec<AccessMode>>,
-    volume_mode: Option<VolumeMode>,
-    reclaim_policy: Option<ReclaimPolicy>,
-    mount_options: Option<Vec<String>>,
-    node_affinity: Vec<NodeSelectorTerm>,
-    labels: BTreeMap<String, String>,
-    annotations: BTreeMap<String, String>,
-    source: Option<VolumeSource>,
-    /// Setter calls the host refused, and the first refusal: a spec returned after a refusal is
-    /// not what the guest meant to build, so it is rejected as a whole.
-    refusals: usize,
-    first_refusal: Option<String>,
-}
 
 /// A finished, validated volume description. Fields the guest left unset are `None`; the
 /// controller fills them from the claim and class.
@@ -67,6 +50,14 @@ pub struct BuiltVolume {
     pub annotations: BTreeMap<String, String>,
     /// The one storage source.
     pub source: VolumeSource,
+}
+
+/// One line describing a refused volume-spec value.
+pub fn describe_spec_error(error: &SpecError) -> String {
+    match error {
+        SpecError::NotGranted(m) => format!("not granted: {m}"),
+        SpecError::Invalid(m) => format!("invalid: {m}"),
+    }
 }
 
 fn not_granted(msg: impl Into<String>) -> SpecError {
@@ -200,7 +191,7 @@ impl VolumeSpecBuilder {
         if self.first_refusal.is_none() {
             // Messages are already bounded (see `shown`); cut at a character boundary and
             // shrink the allocation anyway, so a refusal never keeps more than 512 bytes.
-            let message = super::describe_spec_error(error);
+            let message = describe_spec_error(error);
             let cut = message
                 .char_indices()
                 .map(|(i, _)| i)
@@ -773,7 +764,7 @@ reclaim-policies = ["delete"]
             "refused annotations were not kept"
         );
         let err = b.label("example.com/l".into(), big.clone()).unwrap_err();
-        assert!(super::super::describe_spec_error(&err).len() < 600);
+        assert!(super::describe_spec_error(&err).len() < 600);
         assert!(b.labels.is_empty());
         assert!(b.first_refusal.as_ref().unwrap().len() <= 512);
         // Many small labels: refused past the entry cap, never stored.
