@@ -15,8 +15,8 @@ use wasm_provisioner::wasm::bindings::types::{
     AccessMode, HostPathType, NodeSelectorOperator, NodeSelectorRequirement, NodeSelectorTerm,
     ProvisionRequest, ReclaimPolicy,
 };
+use wasm_provisioner::wasm::engine::{EngineOptions, Pooling};
 use wasm_provisioner::wasm::executor::{ExecutorOptions, GuestExecutor};
-use wasm_provisioner::wasm::runtime::{EngineOptions, Pooling};
 use wasm_provisioner::wasm::spec::BuiltVolume;
 use wasm_provisioner::wasm::{Grants, WasmEngine, load_dir};
 

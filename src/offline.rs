@@ -15,7 +15,7 @@ use crate::controller::decide;
 use crate::controller::storage::{self, Deleted, Qualified};
 use crate::wasm::compiler::CompileLimits;
 use crate::wasm::contract::ContractInfo;
-use crate::wasm::runtime::hook_names;
+use crate::wasm::contract::hook_names;
 use crate::wasm::{EngineOptions, Grants, Plugins, WasmEngine, load_dir};
 
 /// The engine of the offline commands: `run`'s, compiling in the child under `compiler`.

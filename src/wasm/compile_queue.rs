@@ -22,8 +22,8 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use wasmtime::component::Component;
 
+use super::engine::WasmEngine;
 use super::errors::LoadError;
-use super::runtime::WasmEngine;
 
 /// Called on the compiler thread each time a compile ends.
 type OnDone = Arc<dyn Fn() + Send + Sync>;

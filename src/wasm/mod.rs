@@ -23,13 +23,14 @@ pub mod pool;
 pub mod rawname;
 pub mod reload;
 pub mod rename;
-pub mod runtime;
 pub mod sandbox_fs;
 pub mod served;
 pub mod spec;
 
 pub use bindings::types::{ProvisionError, SpecError};
+pub use engine::{EngineOptions, Pooling, WasmEngine};
+pub use errors::{CallError, FaultKind, LoadError};
 pub use grants::Grants;
+pub use guest::Guest;
 pub use plugins::{Availability, Plugins};
 pub use reload::load_dir;
-pub use runtime::{CallError, EngineOptions, FaultKind, Guest, LoadError, Pooling, WasmEngine};

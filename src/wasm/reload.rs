@@ -28,9 +28,10 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use super::compile_queue::{CompileQueue, Compiled};
+use super::engine::WasmEngine;
 use super::grants::Grants;
+use super::guest::Guest;
 use super::plugins::{PluginDirError, PluginProblem, Plugins};
-use super::runtime::{Guest, WasmEngine};
 
 /// What happened to plugins since the process started (the lead wires these to `/metrics`).
 #[derive(Debug, Default)]
