@@ -29,7 +29,7 @@ pub const PACKAGE_VERSION: &str = "0.1.0";
 /// A PV under construction, as a guest built it through the host API (the `volume-spec`
 /// resource). Defined beside the bindings because the generated code names it and it holds
 /// generated types; its setters, each checked against the grants, and `finish` are in
-/// [`super::spec`], the only module that writes these fields.
+/// `spec.rs`, the only module that writes these fields.
 #[derive(Debug, Default, Clone)]
 pub struct VolumeSpecBuilder {
     pub(super) capacity: Option<u64>,

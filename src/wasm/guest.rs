@@ -1,4 +1,5 @@
-//! A loaded guest and the one call path every export takes.
+//! A loaded guest and the one call path every export takes (the call's parts that need no
+//! guest, its exports, store and outcome, are in [`super::call`]).
 //!
 //! ```text
 //! provision / delete / should-provision / should-delete / supported (capabilities) / supports-block
@@ -13,41 +14,32 @@
 //! timeout around the whole call so time spent in host functions counts too. A trap is a
 //! [`CallError::Fault`], distinct from the typed errors the guest returns on purpose.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use wasmtime::component::{Instance, InstancePre, ResourceTableError};
-use wasmtime::{Store, Trap, UpdateDeadline};
-use wasmtime_wasi::{FsPerms, WasiCtx};
+use wasmtime::Store;
+use wasmtime::component::InstancePre;
 
 use super::bindings::types::{
-    Claim, DeleteRequest, ProvisionError, ProvisionRequest, StorageClass, Volume, VolumeSource,
+    Claim, DeleteRequest, ProvisionRequest, StorageClass, Volume, VolumeSource,
 };
 use super::bindings::{VolumeSpecBuilder, block_support, deletion_guard, lifecycle, qualifier};
+use super::call::{
+    ASYNC_TIMEOUT_MARGIN, CallOutcome, CallSite, Delete, Export, Output, Provision, ShouldDelete,
+    ShouldProvision, Supported, SupportsBlock,
+};
 use super::capabilities::{Capabilities, Capability};
 use super::contract::ContractInfo;
 use super::errors::{CallError, FaultKind, error_label};
 use super::executor::GuestExecutor;
 use super::grants::{DirAccess, Grants};
-use super::handles::{HandleCapHit, Lingering, TABLE_ENTRIES_PER_CALL};
+use super::handles::Lingering;
 use super::host::GuestState;
-use super::output::BoundedOutput;
 use super::pool::PoolReservation;
 use super::spec::BuiltVolume;
 use crate::metrics::Metrics;
-
-/// What one host call may carry from the guest into the host (wasmtime's hostcall fuel).
-pub const HOSTCALL_BYTES: usize = 1 << 20;
-
-/// Largest `wasi:random` answer the host allocates for one call (wasmtime-wasi's default is
-/// 64 MiB; a guest seeds its hash maps with a few bytes).
-const RANDOM_BYTES: u64 = 64 << 10;
-
-/// Extra time the async timeout allows over the epoch deadline before dropping the call.
-const ASYNC_TIMEOUT_MARGIN: Duration = Duration::from_millis(500);
 
 /// A compiled, linked guest with its grants. Cheap to clone; every call is independent.
 #[derive(Clone)]
@@ -73,140 +65,6 @@ pub struct Guest {
     pub(super) executor: Option<GuestExecutor>,
     /// Filesystem operations its ended calls left running ([`super::handles`]).
     pub(super) lingering: Arc<Lingering>,
-}
-
-/// Captured guest output of one call.
-struct Output {
-    stdout: BoundedOutput,
-    stderr: BoundedOutput,
-}
-
-/// One guest export, called the one way every export is called ([`Guest::call`]).
-trait Export: Send {
-    /// What the export returns when the guest did not fault.
-    type Output: CallOutcome + Send;
-    /// The operation's name in logs, events and metrics.
-    const OPERATION: &'static str;
-    /// Calls the export on a fresh instance.
-    fn invoke(
-        self,
-        guest: &Guest,
-        store: &mut Store<GuestState>,
-        instance: &Instance,
-    ) -> impl Future<Output = wasmtime::Result<Self::Output>> + Send;
-}
-
-struct Provision<'r>(&'r ProvisionRequest);
-struct Delete<'r>(&'r DeleteRequest);
-struct ShouldProvision<'r> {
-    indices: &'r qualifier::GuestIndices,
-    claim: &'r Claim,
-    class: &'r StorageClass,
-}
-struct ShouldDelete<'r> {
-    indices: &'r deletion_guard::GuestIndices,
-    volume: &'r Volume,
-}
-struct SupportsBlock<'r>(&'r block_support::GuestIndices);
-struct Supported<'r>(&'r wasmtime::component::ComponentExportIndex);
-
-impl Export for Provision<'_> {
-    type Output = Result<VolumeSpecBuilder, ProvisionError>;
-    const OPERATION: &'static str = "provision";
-    async fn invoke(
-        self,
-        guest: &Guest,
-        store: &mut Store<GuestState>,
-        instance: &Instance,
-    ) -> wasmtime::Result<Self::Output> {
-        let exports = guest.lifecycle.load(&mut *store, instance)?;
-        match exports.call_provision(&mut *store, self.0).await? {
-            Ok(spec) => Ok(Ok(store.data_mut().take_spec(spec)?)),
-            Err(e) => Ok(Err(e)),
-        }
-    }
-}
-
-impl Export for Delete<'_> {
-    type Output = Result<(), ProvisionError>;
-    const OPERATION: &'static str = "delete";
-    async fn invoke(
-        self,
-        guest: &Guest,
-        store: &mut Store<GuestState>,
-        instance: &Instance,
-    ) -> wasmtime::Result<Self::Output> {
-        let exports = guest.lifecycle.load(&mut *store, instance)?;
-        exports.call_delete(&mut *store, self.0).await
-    }
-}
-
-impl Export for ShouldProvision<'_> {
-    type Output = bool;
-    const OPERATION: &'static str = "should-provision";
-    async fn invoke(
-        self,
-        _guest: &Guest,
-        store: &mut Store<GuestState>,
-        instance: &Instance,
-    ) -> wasmtime::Result<bool> {
-        let exports = self.indices.load(&mut *store, instance)?;
-        exports
-            .call_should_provision(&mut *store, self.claim, self.class)
-            .await
-    }
-}
-
-impl Export for ShouldDelete<'_> {
-    type Output = bool;
-    const OPERATION: &'static str = "should-delete";
-    async fn invoke(
-        self,
-        _guest: &Guest,
-        store: &mut Store<GuestState>,
-        instance: &Instance,
-    ) -> wasmtime::Result<bool> {
-        let exports = self.indices.load(&mut *store, instance)?;
-        exports.call_should_delete(&mut *store, self.volume).await
-    }
-}
-
-impl Export for SupportsBlock<'_> {
-    type Output = bool;
-    const OPERATION: &'static str = "supports-block";
-    async fn invoke(
-        self,
-        _guest: &Guest,
-        store: &mut Store<GuestState>,
-        instance: &Instance,
-    ) -> wasmtime::Result<bool> {
-        let exports = self.0.load(&mut *store, instance)?;
-        exports.call_supports_block(&mut *store).await
-    }
-}
-
-impl Export for Supported<'_> {
-    type Output = Capabilities;
-    const OPERATION: &'static str = "supported";
-    async fn invoke(
-        self,
-        _guest: &Guest,
-        store: &mut Store<GuestState>,
-        instance: &Instance,
-    ) -> wasmtime::Result<Capabilities> {
-        use wasmtime::component::Val;
-        let func = instance
-            .get_func(&mut *store, self.0)
-            .ok_or_else(|| wasmtime::format_err!("capabilities.supported is not exported"))?;
-        let mut results = [Val::Bool(false)];
-        func.call_async(&mut *store, &[], &mut results).await?;
-        match &results[0] {
-            Val::Flags(names) => Ok(Capabilities::from_flags(names.iter().map(String::as_str))),
-            other => Err(wasmtime::format_err!(
-                "capabilities.supported returned {other:?}, not flags"
-            )),
-        }
-    }
 }
 
 impl Guest {
@@ -247,7 +105,12 @@ impl Guest {
     pub async fn provision(&self, request: &ProvisionRequest) -> Result<BuiltVolume, CallError> {
         let request = request.clone();
         self.dispatch(|guest| async move {
-            let result = guest.call(Provision(&request)).await?;
+            let result = guest
+                .call(Provision {
+                    indices: &guest.lifecycle,
+                    request: &request,
+                })
+                .await?;
             let spec = result.map_err(|error| CallError::guest(&guest.name, error))?;
             guest
                 .validate(spec, &request.pv_name, request.selected_node.as_deref())
@@ -266,7 +129,10 @@ impl Guest {
         let request = request.clone();
         self.dispatch(|guest| async move {
             guest
-                .call(Delete(&request))
+                .call(Delete {
+                    indices: &guest.lifecycle,
+                    request: &request,
+                })
                 .await?
                 .map_err(|error| CallError::guest(&guest.name, error))
         })
@@ -441,65 +307,23 @@ impl Guest {
         let store = &mut scope.store;
         let outcome = tokio::time::timeout(scope.timeout + ASYNC_TIMEOUT_MARGIN, async {
             let instance = self.pre.instantiate_async(&mut *store).await?;
-            export.invoke(self, &mut *store, &instance).await
+            export.invoke(&mut *store, &instance).await
         })
         .await;
         scope.finish(E::OPERATION, outcome)
     }
 
-    fn new_store(&self, deadline: Instant) -> Result<(Store<GuestState>, Output), CallError> {
-        let stdout = BoundedOutput::new(self.grants.output_bytes);
-        let stderr = BoundedOutput::new(self.grants.output_bytes);
-        let mut wasi = WasiCtx::builder();
-        // Every filesystem call goes to the blocking pool ([`super::sandbox_fs`]).
-        wasi.stdout(stdout.clone())
-            .stderr(stderr.clone())
-            .max_random_size(RANDOM_BYTES)
-            .allow_blocking_current_thread(false);
-        for dir in &self.grants.dirs {
-            let perms = match dir.access {
-                DirAccess::ReadOnly => FsPerms::ReadOnly,
-                DirAccess::ReadWrite => FsPerms::ReadWrite,
-            };
-            wasi.preopened_dir(&dir.host, &dir.guest, perms)
-                .map_err(|e| {
-                    self.fault(
-                        FaultKind::Host,
-                        format!("cannot open granted directory {}: {e}", dir.host.display()),
-                    )
-                })?;
+    /// The guest's part of one call ([`super::call`]).
+    fn site(&self) -> CallSite<'_> {
+        CallSite {
+            name: &self.name,
+            grants: &self.grants,
+            lingering: &self.lingering,
         }
-        let state = GuestState::new(
-            self.name.clone(),
-            self.grants.clone(),
-            wasi.build(),
-            self.lingering.clone(),
-        );
-        let mut store = Store::new(self.pre.engine(), state);
-        store.limiter(|s| &mut s.limiter);
-        // What one host call may carry from the guest (strings, lists): a host copy per call in
-        // flight, so it is capped far below a guest's memory (the largest legitimate value, an
-        // annotation or a log line, is a few hundred KiB; streams pass at most 64 KiB a call).
-        store.set_hostcall_fuel(self.grants.memory_bytes.min(HOSTCALL_BYTES));
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(move |_| {
-            // Compare with the wall clock rather than counting ticks, so a burst of late
-            // ticks on a loaded machine cannot end a call early.
-            if Instant::now() >= deadline {
-                Ok(UpdateDeadline::Interrupt)
-            } else {
-                Ok(UpdateDeadline::Yield(1))
-            }
-        });
-        Ok((store, Output { stdout, stderr }))
     }
 
     fn fault(&self, kind: FaultKind, message: String) -> CallError {
-        CallError::Fault {
-            guest: self.name.to_string(),
-            kind,
-            message,
-        }
+        self.site().fault(kind, message)
     }
 
     /// Waits for a concurrency slot and prepares a fresh store under the guest's limits.
@@ -530,7 +354,9 @@ impl Guest {
             None => None,
         };
         let timeout = self.grants.call_timeout;
-        let (store, output) = self.new_store(Instant::now() + timeout)?;
+        let (store, output) = self
+            .site()
+            .new_store(self.pre.engine(), Instant::now() + timeout)?;
         Ok(CallScope {
             guest: self,
             started: Instant::now(),
@@ -540,104 +366,6 @@ impl Guest {
             output,
             timeout,
         })
-    }
-
-    fn classify(
-        &self,
-        operation: &str,
-        error: wasmtime::Error,
-        store: &Store<GuestState>,
-        output: &Output,
-        timeout: Duration,
-    ) -> CallError {
-        let stderr = output.stderr.contents().text;
-        let trap = error.downcast_ref::<Trap>().copied();
-        let state = store.data();
-        let limiter = &state.limiter;
-        let kind = if trap == Some(Trap::Interrupt) {
-            FaultKind::Deadline
-        } else if limiter.memory_hit || limiter.table_hit {
-            FaultKind::Memory
-        } else if state.fs_guard.descriptors_hit
-            || error.downcast_ref::<HandleCapHit>().is_some()
-            || matches!(
-                error.downcast_ref::<ResourceTableError>(),
-                Some(ResourceTableError::Full)
-            )
-        {
-            FaultKind::Descriptors
-        } else if stderr.contains("panicked at") {
-            FaultKind::Panic
-        } else if trap == Some(Trap::StackOverflow) {
-            FaultKind::StackOverflow
-        } else if trap.is_some() {
-            FaultKind::Trap
-        } else {
-            FaultKind::Host
-        };
-        let mut message = match kind {
-            FaultKind::Deadline => format!("{operation} exceeded its deadline of {timeout:?}"),
-            FaultKind::Memory if limiter.table_hit && !limiter.memory_hit => format!(
-                "{operation} exceeded its table cap of {} elements",
-                self.grants.table_elements
-            ),
-            FaultKind::Memory => format!(
-                "{operation} exceeded its memory cap of {} MiB (all memories and tables together)",
-                self.grants.memory_bytes / (1024 * 1024)
-            ),
-            FaultKind::Descriptors => match error.downcast_ref::<HandleCapHit>() {
-                Some(hit) => format!("{operation}: {hit}"),
-                None if error.downcast_ref::<ResourceTableError>().is_some() => format!(
-                    "{operation} tried to hold more than {TABLE_ENTRIES_PER_CALL} host resources (streams, pollables, descriptors, ...) at once"
-                ),
-                None => format!(
-                    "{operation} tried to hold more than {} open descriptors (limits.descriptors)",
-                    state.fs_guard.max_descriptors()
-                ),
-            },
-            // The trap (or the host's refusal) says what happened; the wasm backtrace is for
-            // the debug log, not for a Kubernetes event.
-            _ => {
-                tracing::debug!(guest = %self.name, operation, error = %super::output::printable(&format!("{error:?}")), "guest fault");
-                match trap {
-                    Some(trap) => format!("{operation}: {trap}"),
-                    None => format!("{operation}: {}", error.root_cause()),
-                }
-            }
-        };
-        let stderr = stderr.trim();
-        if !stderr.is_empty() {
-            let tail: String = stderr
-                .chars()
-                .rev()
-                .take(1024)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
-            message.push_str(&format!("; stderr: {tail}"));
-        }
-        self.fault(kind, message)
-    }
-
-    fn log_output(&self, operation: &str, output: &Output, store: &Store<GuestState>) {
-        for (stream, pipe) in [("stdout", &output.stdout), ("stderr", &output.stderr)] {
-            let contents = pipe.contents();
-            for line in contents.text.lines().take(200) {
-                let line = super::output::printable(line);
-                tracing::info!(target: "guest", guest = %self.name, operation, stream, "{line}");
-            }
-            if contents.dropped > 0 {
-                tracing::warn!(guest = %self.name, operation, stream, dropped_bytes = contents.dropped, kept_bytes = self.grants.output_bytes, "guest output over its bound; the middle was dropped");
-            }
-        }
-        let state = store.data();
-        if state.logs_dropped > 0 {
-            tracing::warn!(guest = %self.name, operation, dropped_messages = state.logs_dropped, budget_bytes = self.grants.log_bytes, "guest log messages over the per-call budget were dropped");
-        }
-        if state.fs_guard.refused > 0 {
-            tracing::warn!(guest = %self.name, operation, refused = state.fs_guard.refused, "filesystem calls refused by the sandbox (symlinks, links or renames of links, FIFOs, sockets, devices)");
-        }
     }
 
     /// Runs a call on the guest executor when there is one, else right here.
@@ -679,7 +407,9 @@ impl CallScope<'_> {
         outcome: Result<wasmtime::Result<R>, tokio::time::error::Elapsed>,
     ) -> Result<R, CallError> {
         let guest = self.guest;
-        guest.log_output(operation, &self.output, &self.store);
+        guest
+            .site()
+            .log_output(operation, &self.output, &self.store);
         let result = self.classify_outcome(operation, outcome);
         if let Some(metrics) = &guest.metrics {
             let (label, fault) = match &result {
@@ -715,9 +445,13 @@ impl CallScope<'_> {
                 ),
             )),
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => {
-                Err(guest.classify(operation, error, &self.store, &self.output, self.timeout))
-            }
+            Ok(Err(error)) => Err(guest.site().classify(
+                operation,
+                error,
+                &self.store,
+                &self.output,
+                self.timeout,
+            )),
         }
     }
 }
@@ -729,37 +463,5 @@ fn describe_source(source: &VolumeSource) -> String {
         VolumeSource::Local(s) => format!("local path {}", s.path),
         VolumeSource::Nfs(s) => format!("NFS export {}:{}", s.server, s.path),
         VolumeSource::Csi(s) => format!("CSI volume {} of driver {}", s.volume_handle, s.driver),
-    }
-}
-
-/// What a returned value says about the call, for the `outcome` metric label.
-trait CallOutcome {
-    fn label(&self) -> &'static str;
-}
-
-impl CallOutcome for bool {
-    fn label(&self) -> &'static str {
-        "ok"
-    }
-}
-
-impl CallOutcome for Capabilities {
-    fn label(&self) -> &'static str {
-        "ok"
-    }
-}
-
-impl CallOutcome for () {
-    fn label(&self) -> &'static str {
-        "ok"
-    }
-}
-
-impl<T> CallOutcome for Result<T, ProvisionError> {
-    fn label(&self) -> &'static str {
-        match self {
-            Ok(_) => "ok",
-            Err(error) => error_label(error),
-        }
     }
 }

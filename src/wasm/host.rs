@@ -13,10 +13,10 @@ use super::bindings::types::{
     SpecError, VolumeMode,
 };
 use super::bindings::{VolumeSpecBuilder, host, types, volume_builder};
+use super::fs_view::SandboxFsView;
 use super::grants::Grants;
 use super::handles::{FsGuard, Lingering, TABLE_ENTRIES_PER_CALL};
 use super::output::printable;
-use super::sandbox_fs::SandboxFsView;
 
 /// What each `host.log` message costs on top of its text, so a flood of empty messages runs out
 /// of budget too (one line of output is never free).

@@ -2,6 +2,7 @@
 
 pub mod bindings;
 pub mod cache;
+pub mod call;
 pub mod capabilities;
 pub mod compile_queue;
 pub mod compiler;
@@ -10,6 +11,7 @@ pub mod dirstream;
 pub mod engine;
 pub mod errors;
 pub mod executor;
+pub mod fs_view;
 pub mod grants;
 pub mod guest;
 pub mod handles;
