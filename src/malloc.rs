@@ -6,7 +6,6 @@
 //! pages in per-thread arenas (up to 8 per core) and returns them only from the top of a heap.
 //! Measured with 10,000 foreign claims and 10,000 static PVs: ~3.3 MiB of the process' RSS were
 //! such pages (docs/benchmarks.md). A no-op off glibc.
-#![allow(unsafe_code)]
 
 /// Arenas at most, unless `MALLOC_ARENA_MAX` says otherwise: the controller's threads allocate
 /// little at a time, and guest memory is mapped by wasmtime, not taken from malloc.
@@ -23,6 +22,10 @@ pub fn limit_arenas() {
     {
         // SAFETY: mallopt only sets a tunable of the allocator; called before other threads
         // exist, nothing allocates concurrently.
+        #[expect(
+            unsafe_code,
+            reason = "glibc's mallopt has no safe binding; it sets one tunable, before other threads exist"
+        )]
         unsafe {
             libc::mallopt(libc::M_ARENA_MAX, ARENAS);
         }
@@ -34,6 +37,10 @@ pub fn give_back() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim is thread-safe (it takes each arena's lock) and only releases pages
     // that hold no allocation.
+    #[expect(
+        unsafe_code,
+        reason = "glibc's malloc_trim has no safe binding; it locks each arena and frees unused pages"
+    )]
     unsafe {
         libc::malloc_trim(0);
     }

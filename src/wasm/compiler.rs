@@ -221,7 +221,11 @@ pub fn base_config() -> Config {
 fn first_to_go_and_last_to_run(command: &mut Command) {
     use rustix::fs::{Mode, OFlags};
     use std::os::unix::process::CommandExt;
-    #[allow(unsafe_code)]
+    #[expect(
+        unsafe_code,
+        reason = "Command::pre_exec runs its closure in the forked child before exec, where only \
+                  async-signal-safe work is sound; the closure makes system calls only"
+    )]
     // SAFETY: the closure runs between fork and exec, where only async-signal-safe work is
     // allowed: rustix's open of a static C string and write of a static buffer, setpriority
     // and sched_setscheduler are system calls that allocate nothing and take no lock.

@@ -1,7 +1,10 @@
 //! Shared test fixtures: real guest `.wasm` files built from `guests/`, plugins directories,
 //! and contract records that read like the spec; `e2e` and `suite` are the end-to-end fixture
 //! and runner every `tests/e2e*.rs` uses.
-#![allow(dead_code)]
+#![allow(
+    dead_code,
+    reason = "each test binary includes these fixtures and uses only some of them"
+)]
 
 pub mod e2e;
 pub mod locks;

@@ -4,7 +4,10 @@
 //!
 //! Unsafe here only to hold a lock in the kernel from the test (userfaultfd, an anonymous
 //! mapping); the product has none of it.
-#![allow(unsafe_code)]
+#![expect(
+    unsafe_code,
+    reason = "userfaultfd, mmap and raw reads to hold a lock in the kernel from the test"
+)]
 
 use super::*;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
