@@ -11,6 +11,7 @@ use tracing::{Instrument, Span};
 
 use super::Context;
 use super::decide;
+use super::events::{Event, EventAction};
 use super::failures::FailureBook;
 use super::gate::GateError;
 use super::handle::Handle;
@@ -19,7 +20,7 @@ use crate::metrics::Queue;
 /// What a reconcile error tells the bookkeeping.
 pub trait Failure: std::fmt::Display {
     /// The gate refused this replica (not a failure: another replica acts, or none may).
-    fn gate(&self) -> Option<&GateError>;
+    fn gate_refusal(&self) -> Option<&GateError>;
     /// Whether it counts toward the failure threshold.
     fn counts(&self) -> bool;
     /// Short label for logs and metrics.
@@ -165,20 +166,20 @@ impl Book {
         self.len() == 0
     }
 
-    fn settings(&self, ctx: &Context) -> (u32, Duration, &'static str, &'static str) {
+    fn settings(&self, ctx: &Context) -> (u32, Duration, &'static str, EventAction) {
         let s = &ctx.settings;
         match self.queue {
             Queue::Claims => (
                 s.failed_provision_threshold,
                 s.provision_timeout,
                 super::events::GIVEN_UP,
-                "Provision",
+                EventAction::Provision,
             ),
             Queue::Volumes => (
                 s.failed_delete_threshold,
                 s.delete_timeout,
                 super::events::DELETE_GIVEN_UP,
-                "Delete",
+                EventAction::Delete,
             ),
         }
     }
@@ -228,7 +229,7 @@ impl Book {
             }
             Err(error) => error,
         };
-        if error.gate().is_some() {
+        if error.gate_refusal().is_some() {
             tracing::debug!(parent: &span, %error, "not acting on this replica now");
             return (Err(error), Ending::Ran);
         }
@@ -255,15 +256,9 @@ impl Book {
             return (Err(error), Ending::Ran);
         }
         tracing::warn!(failures, "giving up");
-        handle.event(
-            &tracked.reference,
-            true,
-            reason,
-            action,
-            format!(
+        handle.event(&tracked.reference, Event::warning(reason, action, format!(
                 "Giving up after {failures} failed attempts (threshold {threshold}); the last error was: {error}. Change the object or restart the provisioner to retry."
-            ),
-        );
+            )));
         (Err(error), Ending::GaveUp)
     }
 
@@ -276,7 +271,7 @@ impl Book {
         fingerprint: u64,
         error: &E,
     ) -> Action {
-        if let Some(gate) = error.gate() {
+        if let Some(gate) = error.gate_refusal() {
             return gate
                 .retry_in()
                 .map_or_else(Action::await_change, Action::requeue);

@@ -1,6 +1,6 @@
 //! Kubernetes events with the Go library's reasons, published on claims and volumes.
 
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -42,6 +42,87 @@ pub const NODE_SELECTED: &str = "NodeSelected";
 pub const DELETED_NODE_GONE: &str = "VolumeDeletedNodeGone";
 /// Normal, on the Lease: a replica became leader or stopped leading (client-go's reason).
 pub const LEADER_ELECTION: &str = "LeaderElection";
+
+/// An event's type, as kube-runtime's `EventType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    /// Something went as it should.
+    Normal,
+    /// Something an operator may need to look at.
+    Warning,
+}
+
+impl EventType {
+    /// The Event's `type` field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+/// What the controller was doing when it reported an event: the Event's `action`. Recorders
+/// fold repeats with the same reason and action on one object into one series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventAction {
+    /// The provision path (claims).
+    Provision,
+    /// The delete path (volumes) and recovery's storage deletes.
+    Delete,
+    /// This replica took the lease.
+    BecameLeader,
+    /// This replica let the lease go.
+    StoppedLeading,
+}
+
+impl EventAction {
+    /// The Event's `action` field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventAction::Provision => "Provision",
+            EventAction::Delete => "Delete",
+            EventAction::BecameLeader => "BecameLeader",
+            EventAction::StoppedLeading => "StoppedLeading",
+        }
+    }
+}
+
+/// One event to publish, in the manner of kube-runtime's `Event`: its type, its reason (one of
+/// this module's constants), a note for people and the action it reports on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// The PascalCase reason.
+    pub reason: &'static str,
+    /// The human-readable message.
+    pub note: String,
+    /// What the controller was doing.
+    pub action: EventAction,
+}
+
+impl Event {
+    /// A `Normal` event.
+    pub fn normal(reason: &'static str, action: EventAction, note: String) -> Event {
+        Event {
+            type_: EventType::Normal,
+            reason,
+            note,
+            action,
+        }
+    }
+
+    /// A `Warning` event.
+    pub fn warning(reason: &'static str, action: EventAction, note: String) -> Event {
+        Event {
+            type_: EventType::Warning,
+            reason,
+            note,
+            action,
+        }
+    }
+}
 
 /// Publishes core/v1 Events, as client-go's recorder does. kube-runtime's recorder writes
 /// events.k8s.io/v1 Events into `default` for cluster-scoped objects, which API servers before
@@ -98,7 +179,7 @@ struct Job {
 /// when that event is gone (its create dropped from a full queue or failed, or its TTL passed),
 /// the repeat is created whole under the series' name, as client-go's recorder does.
 struct Write {
-    event: Box<Event>,
+    event: Box<CoreEvent>,
     repeat: bool,
 }
 
@@ -132,29 +213,15 @@ impl Recorder {
     }
 
     /// Queues an event; a full queue drops it (counted in [`Recorder::dropped`]).
-    pub fn publish(
-        &self,
-        reference: &ObjectReference,
-        warning: bool,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
-        let write = self.prepare(reference, warning, reason, action, note);
+    pub fn publish(&self, reference: &ObjectReference, event: Event) {
+        let write = self.prepare(reference, event);
         self.enqueue(Job { write, done: None });
     }
 
     /// [`Recorder::publish`], returning only once the event is written: for events sent right
     /// before the process exits (a replica releasing its lease on SIGTERM).
-    pub async fn publish_and_wait(
-        &self,
-        reference: &ObjectReference,
-        warning: bool,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
-        let write = self.prepare(reference, warning, reason, action, note);
+    pub async fn publish_and_wait(&self, reference: &ObjectReference, event: Event) {
+        let write = self.prepare(reference, event);
         let (done, written) = tokio::sync::oneshot::channel();
         if self.enqueue(Job {
             write,
@@ -216,10 +283,12 @@ impl Recorder {
     fn prepare(
         &self,
         reference: &ObjectReference,
-        warning: bool,
-        reason: &str,
-        action: &str,
-        note: String,
+        Event {
+            type_,
+            reason,
+            note,
+            action,
+        }: Event,
     ) -> Write {
         let now = Time(Timestamp::now());
         let namespace = reference
@@ -228,7 +297,7 @@ impl Recorder {
             .unwrap_or_else(|| "default".into());
         let object = reference.name.clone().unwrap_or_default();
         let stamp = now.0.as_nanosecond();
-        let event = Event {
+        let event = CoreEvent {
             metadata: ObjectMeta {
                 name: Some(format!("{object}.{stamp:x}")),
                 namespace: Some(namespace.clone()),
@@ -237,8 +306,8 @@ impl Recorder {
             involved_object: reference.clone(),
             reason: Some(reason.to_string()),
             message: Some(truncate(note, 1024)),
-            type_: Some(if warning { "Warning" } else { "Normal" }.to_string()),
-            action: Some(action.to_string()),
+            type_: Some(type_.as_str().to_string()),
+            action: Some(action.as_str().to_string()),
             count: Some(1),
             first_timestamp: Some(now.clone()),
             last_timestamp: Some(now),
@@ -313,7 +382,7 @@ async fn write_events(
 /// repeat whole when the first is gone).
 async fn write(client: &Client, Write { event, repeat }: Write) -> kube::Result<()> {
     let namespace = event.metadata.namespace.as_deref().unwrap_or_default();
-    let events = Api::<Event>::namespaced(client.clone(), namespace);
+    let events = Api::<CoreEvent>::namespaced(client.clone(), namespace);
     if repeat {
         let name = event.metadata.name.as_deref().unwrap_or_default();
         let patch = json!({ "count": event.count, "lastTimestamp": event.last_timestamp });

@@ -303,6 +303,16 @@ impl Drop for HeldLock {
     }
 }
 
+/// The lease a write goes out under, as the gate answered right before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Held already (or no election): nothing changed since the reconcile last looked.
+    Held,
+    /// A per-object lease taken by this very check: another replica may have finished the object
+    /// a moment ago, so the caller should look at the API server again.
+    JustTaken,
+}
+
 /// One reconcile's standing at the gate, opened per object and handed explicitly to everything
 /// that writes for it (see [`super::handle::Handle`]): no write can happen outside a scope.
 #[derive(Debug)]
@@ -328,21 +338,20 @@ impl Scope {
         })
     }
 
-    /// Checks the gate right before a guest call or an API write. Returns `Ok(true)` when this
-    /// call just took a per-object lease (the caller should re-check the API server: another
-    /// replica may have finished the object a moment ago), `Ok(false)` when it was already open.
-    pub async fn check(&self) -> Result<bool, GateError> {
+    /// Checks the gate right before a guest call or an API write: the lease this scope writes
+    /// under, or why it may not write.
+    pub async fn check(&self) -> Result<Standing, GateError> {
         match &*self.election {
-            Election::Off => Ok(false),
-            Election::Leader(gate) if gate.is_open() => Ok(false),
+            Election::Off => Ok(Standing::Held),
+            Election::Leader(gate) if gate.is_open() => Ok(Standing::Held),
             Election::Leader(_) => Err(GateError::NotLeader),
             Election::PerClaim(locks) => {
                 let mut held = self.held.lock().await;
                 match &*held {
-                    Some(lock) => lock.check().map(|()| false),
+                    Some(lock) => lock.check().map(|()| Standing::Held),
                     None => {
                         *held = Some(locks.acquire(&self.key).await?);
-                        Ok(true)
+                        Ok(Standing::JustTaken)
                     }
                 }
             }
@@ -393,8 +402,9 @@ mod tests {
         gate.renewed(Instant::now() + Duration::from_secs(10));
         let election = Arc::new(Election::Leader(gate));
         let scope = Scope::open(election, LockKey::Claim("u".into())).expect("leader");
-        assert!(
-            !scope.check().await.unwrap(),
+        assert_eq!(
+            scope.check().await.unwrap(),
+            Standing::Held,
             "open, and nothing newly taken"
         );
         assert!(scope.may_write_now());
@@ -408,6 +418,6 @@ mod tests {
     async fn with_election_off_every_write_passes() {
         let scope = Scope::open(Arc::new(Election::Off), LockKey::Volume("v".into())).unwrap();
         assert!(scope.may_write_now());
-        assert!(!scope.check().await.unwrap());
+        assert_eq!(scope.check().await.unwrap(), Standing::Held);
     }
 }

@@ -9,13 +9,16 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, ResourceExt};
 
 use super::Context;
 use super::decide::{self, FINALIZER_CLAIM, FINALIZER_PV, has_finalizer};
-use super::gate::{GateError, LockKey, Scope};
+use super::events::Event;
+use super::gate::{GateError, LockKey, Scope, Standing};
+use super::node::{HOSTNAME_LABEL, Pin};
+use super::storage::claim_entry;
 
 /// How long our own recent writes are remembered while the caches catch up.
 const WRITE_MEMORY: Duration = Duration::from_secs(120);
@@ -40,9 +43,9 @@ impl<'a> Handle<'a> {
         self.ctx
     }
 
-    /// Checks the gate right before a guest call or API write. `Ok(true)`: a per-object lease was
-    /// just taken, and another replica may have finished the object a moment ago.
-    pub async fn gate(&self) -> Result<bool, GateError> {
+    /// The lease this reconcile writes under, checked now (refused: the gate's reason). A lease
+    /// [`Standing::JustTaken`] means another replica may have finished the object a moment ago.
+    pub async fn lease(&self) -> Result<Standing, GateError> {
         self.gate.check().await
     }
 
@@ -57,22 +60,40 @@ impl<'a> Handle<'a> {
         Ok(call.await)
     }
 
+    /// Runs a write of our own record (the intent log) once the gate allows it: the record is
+    /// the leader's, as the guest call it precedes.
+    pub async fn record<F: Future>(&self, write: F) -> Result<F::Output, GateError> {
+        self.gate.check().await?;
+        Ok(write.await)
+    }
+
     /// Publishes an event when this replica may write now (otherwise it is not ours to send).
-    pub fn event(
-        &self,
-        reference: &ObjectReference,
-        warning: bool,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
+    pub fn event(&self, reference: &ObjectReference, event: Event) {
         if self.gate.may_write_now() {
-            self.ctx
-                .recorder
-                .publish(reference, warning, reason, action, note);
+            self.ctx.recorder.publish(reference, event);
         } else {
+            let reason = event.reason;
             tracing::debug!(reason, "not publishing: this replica may not write now");
         }
+    }
+
+    /// Whether the node a pin names exists, asked of the API server (the node cache may lag a
+    /// node that came back).
+    pub async fn node_exists(&self, pin: Pin<'_>) -> Result<bool, kube::Error> {
+        self.budget().await;
+        let nodes: Api<Node> = Api::all(self.ctx.client.clone());
+        Ok(match pin {
+            Pin::Name(name) => nodes.get_metadata_opt(name).await?.is_some(),
+            Pin::Hostname(hostname) => !nodes
+                .list_metadata(
+                    &ListParams::default()
+                        .labels(&format!("{HOSTNAME_LABEL}={hostname}"))
+                        .limit(1),
+                )
+                .await?
+                .items
+                .is_empty(),
+        })
     }
 
     /// Reads a PV from the API server (the cache may be behind).
@@ -102,25 +123,23 @@ impl<'a> Handle<'a> {
         )
     }
 
-    /// Creates a PV; AlreadyExists is success. The outer error is the gate closing.
-    pub async fn create_pv(
-        &self,
-        pv: &PersistentVolume,
-    ) -> Result<Result<(), kube::Error>, GateError> {
+    /// Creates a PV; AlreadyExists is success. The error is the gate closing; the API server's
+    /// refusal is an answer, the caller's to retry.
+    pub async fn create_pv(&self, pv: &PersistentVolume) -> Result<PvCreated, GateError> {
         self.gate.check().await?;
         self.budget().await;
-        let result = match Api::<PersistentVolume>::all(self.ctx.client.clone())
+        let created = match Api::<PersistentVolume>::all(self.ctx.client.clone())
             .create(&PostParams::default(), pv)
             .await
         {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
-            Err(error) => Err(error),
+            Ok(_) => PvCreated::Created,
+            Err(kube::Error::Api(status)) if status.is_already_exists() => PvCreated::Created,
+            Err(error) => PvCreated::Refused(error),
         };
-        if result.is_ok() {
+        if let PvCreated::Created = created {
             self.ctx.recent.created(&pv.name_any());
         }
-        Ok(result)
+        Ok(created)
     }
 
     /// Whether we created this PV recently (the cache may not show it yet).
@@ -203,19 +222,17 @@ impl<'a> Handle<'a> {
     where
         E: From<GateError> + From<kube::Error>,
     {
-        if let Some(log) = &self.ctx.intents {
-            log.done(pvc.metadata.uid.as_deref().unwrap_or_default());
-        }
+        claim_entry::release(self.ctx, pvc.metadata.uid.as_deref().unwrap_or_default());
         self.set_claim_finalizer(pvc, false).await
     }
 
-    /// A merge patch of a claim (with whatever precondition it carries); the API answer is the
-    /// caller's to judge (a conflict is often expected).
+    /// A merge patch of a claim (with whatever precondition it carries); the API server's
+    /// refusal is the caller's to judge (a conflict is often expected).
     pub async fn merge_patch_claim(
         &self,
         pvc: &PersistentVolumeClaim,
         patch: &serde_json::Value,
-    ) -> Result<Result<PersistentVolumeClaim, kube::Error>, GateError> {
+    ) -> Result<ClaimPatched, GateError> {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(
             self.ctx.client.clone(),
             &pvc.namespace().unwrap_or_default(),
@@ -238,7 +255,10 @@ impl<'a> Handle<'a> {
             let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
             self.ctx.recent.claim_finalizer_set(uid, present);
         }
-        Ok(result)
+        Ok(match result {
+            Ok(_) => ClaimPatched::Patched,
+            Err(error) => ClaimPatched::Refused(error),
+        })
     }
 
     /// Deletes exactly the PV we looked at (UID precondition). `Ok(false)`: it was gone already.
@@ -246,7 +266,7 @@ impl<'a> Handle<'a> {
     where
         E: From<GateError> + From<kube::Error>,
     {
-        Ok(self.send_pv_delete(live, false).await?? == PvDeleted::Now)
+        Ok(self.send_pv_delete::<E>(live, false).await? == PvDeleted::Now)
     }
 
     /// Deletes the PV only if it is still exactly the version we looked at (UID and
@@ -256,17 +276,19 @@ impl<'a> Handle<'a> {
     where
         E: From<GateError> + From<kube::Error>,
     {
-        match self.send_pv_delete(seen, true).await? {
-            Err(kube::Error::Api(status)) if status.is_conflict() => Ok(PvDeleted::Changed),
-            other => Ok(other?),
-        }
+        self.send_pv_delete(seen, true).await
     }
 
-    async fn send_pv_delete(
+    /// The PV delete with its UID precondition, and with `same_version` its resourceVersion
+    /// too; only then is a conflict an answer ([`PvDeleted::Changed`]) rather than an error.
+    async fn send_pv_delete<E>(
         &self,
         pv: &PersistentVolume,
         same_version: bool,
-    ) -> Result<Result<PvDeleted, kube::Error>, GateError> {
+    ) -> Result<PvDeleted, E>
+    where
+        E: From<GateError> + From<kube::Error>,
+    {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: pv.metadata.uid.clone(),
@@ -281,19 +303,20 @@ impl<'a> Handle<'a> {
         self.gate.check().await?;
         self.budget().await;
         let uid = pv.metadata.uid.as_deref().unwrap_or_default();
-        Ok(
-            match Api::<PersistentVolume>::all(self.ctx.client.clone())
-                .delete(&pv.name_any(), &params)
-                .await
-            {
-                Ok(_) => {
-                    self.ctx.recent.deleted(uid);
-                    Ok(PvDeleted::Now)
-                }
-                Err(kube::Error::Api(status)) if status.is_not_found() => Ok(PvDeleted::Gone),
-                Err(error) => Err(error),
-            },
-        )
+        match Api::<PersistentVolume>::all(self.ctx.client.clone())
+            .delete(&pv.name_any(), &params)
+            .await
+        {
+            Ok(_) => {
+                self.ctx.recent.deleted(uid);
+                Ok(PvDeleted::Now)
+            }
+            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(PvDeleted::Gone),
+            Err(kube::Error::Api(status)) if same_version && status.is_conflict() => {
+                Ok(PvDeleted::Changed)
+            }
+            Err(error) => Err(error.into()),
+        }
     }
 
     /// Adds or removes the library's PV finalizer (strategic merge: only our entry, no conflict
@@ -318,6 +341,24 @@ impl<'a> Handle<'a> {
             Err(error) => Err(error.into()),
         }
     }
+}
+
+/// What a PV create came to.
+#[derive(Debug)]
+pub enum PvCreated {
+    /// It exists now (this request created it, or it existed already).
+    Created,
+    /// The API server refused it.
+    Refused(kube::Error),
+}
+
+/// What a claim patch came to.
+#[derive(Debug)]
+pub enum ClaimPatched {
+    /// The claim is patched.
+    Patched,
+    /// The API server refused it (a conflict with the precondition, not found, ...).
+    Refused(kube::Error),
 }
 
 /// What a PV delete with preconditions did.

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::events::Recorder;
+use super::events::{Event, EventAction, Recorder};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -555,14 +555,23 @@ async fn lease_event(
     became: bool,
 ) {
     let (action, note) = if became {
-        ("BecameLeader", format!("{identity} became leader"))
+        (
+            EventAction::BecameLeader,
+            format!("{identity} became leader"),
+        )
     } else {
-        ("StoppedLeading", format!("{identity} stopped leading"))
+        (
+            EventAction::StoppedLeading,
+            format!("{identity} stopped leading"),
+        )
     };
     if let Some(reference) = reference {
         // Awaited: "stopped leading" is sent as the process exits on SIGTERM.
         recorder
-            .publish_and_wait(&reference, false, events::LEADER_ELECTION, action, note)
+            .publish_and_wait(
+                &reference,
+                Event::normal(events::LEADER_ELECTION, action, note),
+            )
             .await;
     }
 }

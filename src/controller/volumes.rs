@@ -8,18 +8,17 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::ListParams;
 use kube::runtime::controller::Action;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use tracing::info_span;
 
 use super::Context;
 use super::bookkeeping::{Done, Failure, Operation, Tracked};
 use super::cache::CachedVolume;
 use super::decide::{self, FINALIZER_PV, Serving, has_finalizer};
-use super::events;
+use super::events::{self, Event, EventAction};
 use super::failures::fingerprint;
 use super::gate::{GateError, LockKey};
 use super::handle::{Handle, PvDeleted};
@@ -72,7 +71,7 @@ impl From<StorageError> for VolumeError {
 }
 
 impl Failure for VolumeError {
-    fn gate(&self) -> Option<&GateError> {
+    fn gate_refusal(&self) -> Option<&GateError> {
         match self {
             VolumeError::Gate(gate) => Some(gate),
             _ => None,
@@ -138,10 +137,7 @@ pub async fn reconcile(
         .track(&handle, &tracked, span, delete(&handle, &pv))
         .await
         .0;
-    if let (Some(log), Some(uid)) = (&ctx.intents, pv.metadata.uid.as_deref()) {
-        // An entry still held (storage the guest has not deleted yet) is recovery's from now.
-        log.attempt_over(uid);
-    }
+    volume_entry::attempt_over(&ctx, &pv);
     result
 }
 
@@ -183,6 +179,12 @@ struct Facts<'a> {
 }
 
 impl VolumeFacts for Facts<'_> {
+    type Guest = Arc<Guest>;
+
+    fn guest(&self, provisioner: &str) -> Option<Arc<Guest>> {
+        self.plugins.for_provisioner(provisioner).cloned()
+    }
+
     fn owner(&self) -> Option<VolumeOwner> {
         Some(self.ctx.node.as_ref()?.volume_owner(self.pv))
     }
@@ -211,7 +213,7 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
         plugins: &plugins,
         pv,
     };
-    let (provisioner, order) = match plan::plan_volume(pv, &facts) {
+    let (order, guest) = match plan::plan_volume(pv, &facts) {
         VolumePlan::Skip(reason) => {
             tracing::trace!(reason, "not deleting");
             return Ok(Done::Nothing);
@@ -230,12 +232,8 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
             wait_for_guest(handle, pv, provisioner, &plugins);
             return Ok(Done::Nothing);
         }
-        VolumePlan::Delete { provisioner, order } => (provisioner, order),
+        VolumePlan::Delete { order, guest, .. } => (order, guest),
     };
-    let guest = plugins
-        .for_provisioner(provisioner)
-        .expect("planned for a served provisioner")
-        .clone();
     tracing::Span::current().record("guest", guest.name());
     // Without a precondition on the delete (storage first), the guard is asked about the PV as
     // the API server has it now; the other orders delete only the version the cache showed.
@@ -339,10 +337,11 @@ async fn delete_storage(
             if let VolumeError::Guest(call) = &error {
                 handle.event(
                     &pv.object_ref(&()),
-                    true,
-                    events::VOLUME_FAILED_DELETE,
-                    "Delete",
-                    call.to_string(),
+                    Event::warning(
+                        events::VOLUME_FAILED_DELETE,
+                        EventAction::Delete,
+                        call.to_string(),
+                    ),
                 );
             }
             Err(error)
@@ -390,21 +389,11 @@ async fn delete_node_gone(
         return Ok(Done::RetryIn(wait));
     }
     // The cache may lag a node that came back: ask the API server before deleting.
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    handle.budget().await;
-    let back = match node::pinned_node(pv) {
-        Some(node::Pin::Name(name)) => nodes.get_metadata_opt(name).await?.is_some(),
-        _ => !nodes
-            .list_metadata(
-                &ListParams::default()
-                    .labels(&format!("{}={gone}", node::HOSTNAME_LABEL))
-                    .limit(1),
-            )
-            .await?
-            .items
-            .is_empty(),
+    let pin = match node::pinned_node(pv) {
+        Some(node::Pin::Name(name)) => node::Pin::Name(name),
+        _ => node::Pin::Hostname(gone),
     };
-    if back {
+    if handle.node_exists(pin).await? {
         node.node_seen(gone);
         return Ok(Done::Nothing);
     }
@@ -423,13 +412,7 @@ async fn delete_node_gone(
             node = gone,
             "deleted the PV of a removed node without cleaning up its storage"
         );
-        handle.event(
-            &live.object_ref(&()),
-            true,
-            events::DELETED_NODE_GONE,
-            "Delete",
-            format!("Node {gone} no longer exists (missing for over {grace:?}): deleted the volume without cleaning up its storage, which was on that node"),
-        );
+        handle.event(&live.object_ref(&()), Event::warning(events::DELETED_NODE_GONE, EventAction::Delete, format!("Node {gone} no longer exists (missing for over {grace:?}): deleted the volume without cleaning up its storage, which was on that node")));
         return Ok(Done::Succeeded);
     }
     Ok(Done::Nothing)
@@ -444,13 +427,7 @@ fn wait_for_guest(
     plugins: &Plugins,
 ) {
     let why = plugins.why_not_served(provisioner);
-    handle.event(
-        &pv.object_ref(&()),
-        true,
-        events::WAITING_FOR_GUEST,
-        "Delete",
-        format!(
+    handle.event(&pv.object_ref(&()), Event::warning(events::WAITING_FOR_GUEST, EventAction::Delete, format!(
             "No guest serves {provisioner} right now ({why}); the volume's storage is deleted once a guest for it is loaded again"
-        ),
-    );
+        )));
 }

@@ -26,6 +26,7 @@ use wasm_provisioner::controller::bookkeeping::Failure;
 use wasm_provisioner::controller::cache::{self, CachedVolume};
 use wasm_provisioner::controller::claims::{self, ClaimError};
 use wasm_provisioner::controller::decide::{ANN_CLASS_RECORD, FINALIZER_CLAIM, FINALIZER_PV};
+use wasm_provisioner::controller::events::{Event, EventAction};
 use wasm_provisioner::controller::gate::Mode;
 use wasm_provisioner::controller::inflight::Turn;
 use wasm_provisioner::controller::plan::ANN_MAX_IN_FLIGHT;
@@ -947,7 +948,7 @@ async fn a_standby_makes_no_request_at_all() {
     world.class("fast", json!({}), json!({}));
     let pvc = world.claim(claim_of("data", "fast", P));
     let error = world.provision(&pvc).await.expect_err("not the leader");
-    assert!(error.gate().is_some());
+    assert!(error.gate_refusal().is_some());
     assert!(world.api.requests().is_empty());
     assert!(world.guest_calls().is_empty());
 }
@@ -1273,7 +1274,12 @@ async fn a_repeated_event_whose_first_is_gone_is_written_again() {
             .map(|event| event["count"].as_i64().unwrap_or_default())
             .collect::<Vec<_>>()
     };
-    let publish = || recorder.publish(&claim, true, "ProvisioningFailed", "Provision", "x".into());
+    let publish = || {
+        recorder.publish(
+            &claim,
+            Event::warning("ProvisioningFailed", EventAction::Provision, "x".into()),
+        )
+    };
     publish();
     assert_eq!(counts().await, [1]);
     publish();

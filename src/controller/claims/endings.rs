@@ -4,16 +4,17 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 
 use super::{ClaimError, warn_claim};
 use crate::controller::bookkeeping::Done;
 use crate::controller::decide;
-use crate::controller::events;
+use crate::controller::events::{self, Event, EventAction};
 use crate::controller::gate::GateError;
-use crate::controller::handle::Handle;
+use crate::controller::handle::{Handle, PvCreated};
+use crate::controller::node::Pin;
 use crate::controller::storage::{self, StorageError};
 use crate::wasm::Guest;
 
@@ -29,12 +30,12 @@ pub(super) async fn save_pv(
     let ctx = handle.ctx();
     let pv_name = pv.name_any();
     let attempts = ctx.settings.create_pv_retry_count.max(1);
-    let mut outcome = Ok(());
+    let mut outcome = PvCreated::Created;
     for attempt in 1..=attempts {
         outcome = handle.create_pv(pv).await?;
         match &outcome {
-            Ok(()) => break,
-            Err(error) => {
+            PvCreated::Created => break,
+            PvCreated::Refused(error) => {
                 tracing::warn!(%error, attempt, attempts, pv = %pv_name, "creating PV failed");
                 if attempt < attempts {
                     tokio::time::sleep(ctx.settings.create_pv_retry_interval).await;
@@ -43,19 +44,20 @@ pub(super) async fn save_pv(
         }
     }
     let source = match outcome {
-        Ok(()) => {
+        PvCreated::Created => {
             handle.event(
                 &pvc.object_ref(&()),
-                false,
-                events::PROVISIONING_SUCCEEDED,
-                "Provision",
-                format!("Successfully provisioned volume {pv_name}"),
+                Event::normal(
+                    events::PROVISIONING_SUCCEEDED,
+                    EventAction::Provision,
+                    format!("Successfully provisioned volume {pv_name}"),
+                ),
             );
             handle.release_claim::<ClaimError>(pvc).await?;
             tracing::info!(pv = %pv_name, guest = guest.name(), "provisioned");
             return Ok(Done::Succeeded);
         }
-        Err(source) => source,
+        PvCreated::Refused(source) => source,
     };
     warn_claim(
         handle,
@@ -68,14 +70,14 @@ pub(super) async fn save_pv(
         ),
     );
     match delete_storage_with_retries(handle, guest, pv, Some(class)).await? {
-        Ok(()) => {
+        Cleanup::Deleted => {
             handle.release_claim::<ClaimError>(pvc).await?;
             Err(ClaimError::CreatePv {
                 pv: pv_name,
                 source,
             })
         }
-        Err(cleanup) => {
+        Cleanup::Failed(cleanup) => {
             warn_claim(
                 handle,
                 pvc,
@@ -115,10 +117,11 @@ pub(super) async fn abandon_deleted_while_provisioning(
         handle.release_claim::<ClaimError>(&deleting).await?;
         handle.event(
             &deleting.object_ref(&()),
-            false,
-            events::PROVISIONING_ABANDONED,
-            "Provision",
-            format!("Claim was deleted while provisioning; storage for {pv_name} was deleted"),
+            Event::normal(
+                events::PROVISIONING_ABANDONED,
+                EventAction::Provision,
+                format!("Claim was deleted while provisioning; storage for {pv_name} was deleted"),
+            ),
         );
     }
     Ok(Done::Nothing)
@@ -146,15 +149,9 @@ pub(super) async fn finish_deleted_claim(
     handle.release_claim::<ClaimError>(pvc).await?;
     let provisioner = decide::claim_provisioner(pvc).unwrap_or_default();
     tracing::warn!(pv = %pv_name, "claim deleted mid-provision with nothing recorded of its storage; keeping whatever its guest built");
-    handle.event(
-        &pvc.object_ref(&()),
-        true,
-        events::STORAGE_KEPT,
-        "Delete",
-        format!(
+    handle.event(&pvc.object_ref(&()), Event::warning(events::STORAGE_KEPT, EventAction::Delete, format!(
             "Storage kept: the claim was deleted before its volume {pv_name} was created, and nothing records what the guest for {provisioner} built for it (a guest is never asked again what to delete); check that guest's storage for {pv_name}"
-        ),
-    );
+        )));
     Ok(Done::Nothing)
 }
 
@@ -170,25 +167,14 @@ pub(super) async fn finish_deleted_claim_of_gone_node(
         return Ok(Done::RetryIn(wait));
     }
     // The cache may lag a node that came back: ask the API server first.
-    handle.budget().await;
-    if Api::<Node>::all(handle.ctx().client.clone())
-        .get_metadata_opt(gone)
-        .await?
-        .is_some()
-    {
+    if handle.node_exists(Pin::Name(gone)).await? {
         node.node_seen(gone);
         return Ok(Done::Nothing);
     }
     handle.release_claim::<ClaimError>(pvc).await?;
-    handle.event(
-        &pvc.object_ref(&()),
-        true,
-        events::PROVISIONING_ABANDONED,
-        "Provision",
-        format!(
+    handle.event(&pvc.object_ref(&()), Event::warning(events::PROVISIONING_ABANDONED, EventAction::Provision, format!(
             "Node {gone} no longer exists: released the deleted claim without cleaning up, its storage was on that node"
-        ),
-    );
+        )));
     Ok(Done::Nothing)
 }
 
@@ -211,20 +197,28 @@ pub(super) async fn release_if_pv_exists(
     Ok(())
 }
 
+/// How the cleanup of an unsaved PV's storage ended.
+enum Cleanup {
+    /// The storage is gone (or the guest holds none).
+    Deleted,
+    /// The last try failed.
+    Failed(StorageError),
+}
+
 /// Deletes the storage of a PV that could not be saved, with the PV create's retry budget.
 async fn delete_storage_with_retries(
     handle: &Handle<'_>,
     guest: &Guest,
     pv: &PersistentVolume,
     class: Option<&StorageClass>,
-) -> Result<Result<(), StorageError>, GateError> {
+) -> Result<Cleanup, GateError> {
     let ctx = handle.ctx();
     let attempts = ctx.settings.create_pv_retry_count.max(1);
     let mut attempt = 1;
     loop {
         match handle.guest(storage::delete(guest, pv, class)).await? {
-            Ok(_) => return Ok(Ok(())),
-            Err(error) if attempt >= attempts => return Ok(Err(error)),
+            Ok(_) => return Ok(Cleanup::Deleted),
+            Err(error) if attempt >= attempts => return Ok(Cleanup::Failed(error)),
             Err(error) => {
                 tracing::warn!(%error, attempt, attempts, "deleting storage of an unsaved PV failed");
                 attempt += 1;

@@ -73,7 +73,7 @@ impl From<StorageError> for ClaimError {
 }
 
 impl Failure for ClaimError {
-    fn gate(&self) -> Option<&GateError> {
+    fn gate_refusal(&self) -> Option<&GateError> {
         match self {
             ClaimError::Gate(gate) => Some(gate),
             _ => None,

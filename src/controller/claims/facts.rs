@@ -11,7 +11,7 @@ use crate::controller::decide::{self, Serving};
 use crate::controller::handle::Handle;
 use crate::controller::node::{ClaimOwner, Pin};
 use crate::controller::plan::{self, ClaimFacts, ClaimPlan, DeletedOwner};
-use crate::wasm::Plugins;
+use crate::wasm::{Guest, Plugins};
 
 /// The provisioner whose guest this path will call for a cached claim when its turn comes: what
 /// [`plan::plan_claim`] decides for it now, unless it was given up or backs off after a failure
@@ -62,8 +62,14 @@ impl<'a> Facts<'a> {
 }
 
 impl ClaimFacts for Facts<'_> {
+    type Guest = Arc<Guest>;
+
     fn serving(&self, provisioner: &str) -> Serving {
         super::serving(self.plugins, provisioner)
+    }
+
+    fn guest(&self, provisioner: &str) -> Option<Arc<Guest>> {
+        self.plugins.for_provisioner(provisioner).cloned()
     }
 
     fn class(&self, name: &str) -> Option<&StorageClass> {

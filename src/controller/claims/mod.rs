@@ -26,19 +26,18 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::info_span;
 
+use super::Context;
 use super::bookkeeping::{Done, Ending, Operation, Tracked, busy_wait};
 use super::decide::{self, FINALIZER_CLAIM, Serving};
-use super::events;
+use super::events::{self, Event, EventAction};
 use super::failures::fingerprint;
-use super::gate::LockKey;
-use super::handle::Handle;
+use super::gate::{LockKey, Standing};
+use super::handle::{ClaimPatched, Handle};
 use super::plan::{self, ClaimPlan, Reaction};
-use super::storage::claim_entry::{self, Attempt};
-use super::storage::intent::IntentError;
+use super::storage::claim_entry::{self, Attempt, IntentMode, Recorded};
 use super::storage::{self, Qualified, StorageError};
-use super::{Context, IntentRecord};
 use crate::controller::convert::PvIdentity;
-use crate::wasm::bindings::types::ProvisionError;
+use crate::wasm::bindings::types::{ProvisionError, ProvisionRequest};
 use crate::wasm::{Availability, CallError, Guest, Plugins};
 
 pub(super) mod endings;
@@ -142,9 +141,7 @@ pub async fn reconcile(
         .claim_book
         .track(&handle, &tracked, span.clone(), provision(&handle, &pvc))
         .await;
-    if let Some(log) = &ctx.intents {
-        claim_entry::settle(log, &tracked.key, attempt(&result));
-    }
+    claim_entry::settle(&ctx, &tracked.key, attempt(&result));
     match ending {
         // No attempt comes: its place in the queue, or a turn kept for it, goes on.
         Ending::Skipped => leave_queue(&ctx, &pvc),
@@ -209,18 +206,20 @@ async fn provision(handle: &Handle<'_>, pvc: &PersistentVolumeClaim) -> Result<D
             let why = plugins.why_not_served(provisioner);
             handle.event(
                 &pvc.object_ref(&()),
-                true,
-                events::WAITING_FOR_GUEST,
-                "Provision",
-                format!(
-                    "No guest serves {provisioner} right now ({why}); the claim waits and is provisioned once a guest for it is loaded again"
+                Event::warning(
+                    events::WAITING_FOR_GUEST,
+                    EventAction::Provision,
+                    format!(
+                        "No guest serves {provisioner} right now ({why}); the claim waits and is provisioned once a guest for it is loaded again"
+                    ),
                 ),
             );
             // Not a failure: a plugins reload re-runs every claim.
             Ok(Done::Nothing)
         }
         ClaimPlan::ClassMissing(name) => {
-            handle.gate().await?;
+            // A standby neither warns nor counts: the failure is the leader's to report.
+            handle.lease().await?;
             let error = ClaimError::ClassNotFound(name.to_string());
             warn_claim(handle, pvc, events::PROVISIONING_FAILED, error.to_string());
             Err(error)
@@ -235,11 +234,7 @@ async fn provision(handle: &Handle<'_>, pvc: &PersistentVolumeClaim) -> Result<D
             tracing::debug!(reason, "busy; looking again shortly");
             Ok(Done::RetryIn(busy_wait()))
         }
-        ClaimPlan::Provision { provisioner, .. } => {
-            let guest = plugins
-                .for_provisioner(provisioner)
-                .expect("planned for a served provisioner")
-                .clone();
+        ClaimPlan::Provision { guest, .. } => {
             let class = facts.class.clone().expect("planned with a class");
             call_guest(handle, pvc, &guest, &class).await
         }
@@ -284,21 +279,76 @@ async fn call_guest(
         ctx.metrics.parked(crate::metrics::Queue::Claims, uid);
         return Ok(Done::Nothing);
     };
-    if handle.gate().await? {
+    if handle.lease().await? == Standing::JustTaken {
         // Just took this claim's lease: another replica may have created its PV a moment ago.
         if handle.get_pv(&pv_name).await?.is_some() {
             endings::release_if_pv_exists(handle, pvc).await?;
             return Ok(Done::Nothing);
         }
     }
-    let request = match handle
-        .guest(storage::qualify(guest, pvc, class, &pv_name))
+    let Some(request) = qualified(handle, pvc, guest, class, &pv_name).await? else {
+        return Ok(Done::Nothing);
+    };
+    let Some(pvc) = record_intent(handle, pvc, &class.provisioner, &pv_name).await? else {
+        return Ok(Done::RetryIn(busy_wait()));
+    };
+    handle.event(
+        &pvc.object_ref(&()),
+        Event::normal(
+            events::PROVISIONING,
+            EventAction::Provision,
+            format!(
+                "External provisioner is provisioning volume for claim \"{}/{}\"",
+                pvc.namespace().unwrap_or_default(),
+                pvc.name_any()
+            ),
+        ),
+    );
+    let class_name = class.name_any();
+    let identity = PvIdentity {
+        name: &pv_name,
+        claim: &pvc,
+        class: class.as_ref(),
+        class_name: &class_name,
+        held: ctx.settings.add_pv_finalizer,
+    };
+    let pv = match handle
+        .guest(storage::build(guest, &request, &identity))
         .await?
     {
-        Ok(Qualified::Ready(request)) => request,
+        Ok(pv) => pv,
+        Err(error) => return build_failed(handle, &pvc, error).await,
+    };
+    claim_entry::record_built(ctx, &pvc, &pv, class);
+    let cached = ctx
+        .claims
+        .get(&ObjectRef::from_obj(&pvc))
+        .filter(|c| c.metadata.uid == pvc.metadata.uid);
+    if plan::deleted_while_provisioning(cached.as_deref()) {
+        return endings::abandon_deleted_while_provisioning(handle, guest, &pv, class, cached)
+            .await;
+    }
+    endings::save_pv(handle, guest, &pvc, &pv, class).await
+}
+
+/// The steps before building (capabilities, request, qualifier), executed: the request to build
+/// from, or `None` when the claim was let go or given up here.
+async fn qualified(
+    handle: &Handle<'_>,
+    pvc: &PersistentVolumeClaim,
+    guest: &Arc<Guest>,
+    class: &StorageClass,
+    pv_name: &str,
+) -> Result<Option<Box<ProvisionRequest>>, ClaimError> {
+    match handle
+        .guest(storage::qualify(guest, pvc, class, pv_name))
+        .await?
+    {
+        Ok(Qualified::Ready(request)) => Ok(Some(request)),
         Ok(Qualified::Unsupported(missing)) => {
             // Final for this spec: given up at once (no retries, no threshold to reach), our
             // finalizer off, the failure counted; an edited claim is looked at again.
+            let ctx = handle.ctx();
             let uid = pvc.metadata.uid.clone().unwrap_or_default();
             ctx.claim_book.give_up(&uid, claim_fingerprint(pvc, ctx));
             handle.release_claim::<ClaimError>(pvc).await?;
@@ -311,108 +361,75 @@ async fn call_guest(
                 events::PROVISIONING_FAILED,
                 missing.refusal(&class.provisioner, guest.name()),
             );
-            return Ok(Done::Nothing);
+            Ok(None)
         }
         Ok(Qualified::Declined) => {
             tracing::debug!("guest's qualifier declined the claim");
             handle.release_claim::<ClaimError>(pvc).await?;
-            return Ok(Done::Nothing);
+            Ok(None)
         }
         Err(StorageError::Convert(error)) => {
             let error = ClaimError::Convert(error);
             warn_claim(handle, pvc, events::PROVISIONING_FAILED, error.to_string());
-            return Err(error);
+            Err(error)
         }
-        Err(error) => return Err(error.into()),
-    };
+        Err(error) => Err(error.into()),
+    }
+}
 
-    let pvc = match (ctx.settings.intent, &ctx.intents) {
-        (IntentRecord::ClaimFinalizer, _) => match finalizer_intent(handle, pvc).await? {
-            Some(updated) => updated,
-            None => return Ok(Done::RetryIn(busy_wait())),
-        },
-        (IntentRecord::Log, Some(log)) => {
-            let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
-            handle.gate().await?;
-            let ahead = claim_entry::intents_ahead(ctx, uid, log, |plugins, queued| {
-                queued_for_provision(handle, plugins, queued)
-            });
-            let entry = claim_entry::of(&class.provisioner, &pv_name, pvc);
-            match log.record(uid, &entry, ahead).await {
-                Ok(()) => pvc.clone(),
-                // The log is shared by every class: one that holds as much as it may (claims
-                // whose calls never answered, say) must not stop the others. This claim carries
-                // its own intent instead, as in per-claim mode.
-                Err(error @ (IntentError::Full { .. } | IntentError::TooLarge { .. })) => {
-                    tracing::info!(%error, "intent recorded on the claim instead (our finalizer)");
-                    match finalizer_intent(handle, pvc).await? {
-                        Some(updated) => updated,
-                        None => return Ok(Done::RetryIn(busy_wait())),
-                    }
-                }
-                Err(error) => {
-                    warn_claim(handle, pvc, events::PROVISIONING_FAILED, error.to_string());
-                    return Err(error.into());
-                }
-            }
-        }
-        (IntentRecord::Log | IntentRecord::Off, _) => pvc.clone(),
-    };
-    handle.event(
-        &pvc.object_ref(&()),
-        false,
-        events::PROVISIONING,
-        "Provision",
-        format!(
-            "External provisioner is provisioning volume for claim \"{}/{}\"",
-            pvc.namespace().unwrap_or_default(),
-            pvc.name_any()
-        ),
-    );
-
-    let class_name = class.name_any();
-    let identity = PvIdentity {
-        name: &pv_name,
-        claim: &pvc,
-        class: class.as_ref(),
-        class_name: &class_name,
-        held: handle.ctx().settings.add_pv_finalizer,
-    };
-    let pv = match handle
-        .guest(storage::build(guest, &request, &identity))
-        .await?
-    {
-        Ok(pv) => pv,
-        Err(CallError::Guest { error, guest: name }) => {
-            return react(handle, &pvc, name, error).await;
+/// Records the claim's intent before its guest is called, where [`claim_entry::intent_mode`]
+/// says: the claim to go on with (our finalizer's write returns it), or `None` when it changed
+/// since the cache showed it and is decided again.
+async fn record_intent(
+    handle: &Handle<'_>,
+    pvc: &PersistentVolumeClaim,
+    provisioner: &str,
+    pv_name: &str,
+) -> Result<Option<PersistentVolumeClaim>, ClaimError> {
+    let ctx = handle.ctx();
+    match claim_entry::intent_mode(ctx) {
+        IntentMode::Finalizer => return finalizer_intent(handle, pvc).await,
+        IntentMode::Nowhere => return Ok(Some(pvc.clone())),
+        IntentMode::Log => {}
+    }
+    let recorded = handle
+        .record(claim_entry::record(
+            ctx,
+            pvc,
+            provisioner,
+            pv_name,
+            |plugins, queued| queued_for_provision(handle, plugins, queued),
+        ))
+        .await?;
+    match recorded {
+        Ok(Recorded::Logged) => Ok(Some(pvc.clone())),
+        Ok(Recorded::OnClaimInstead(error)) => {
+            tracing::info!(%error, "intent recorded on the claim instead (our finalizer)");
+            finalizer_intent(handle, pvc).await
         }
         Err(error) => {
-            warn_claim(handle, &pvc, events::PROVISIONING_FAILED, error.to_string());
-            if let CallError::Rejected { .. } = error {
-                // The host refused what the guest built: nothing of it is saved, and the
-                // guest's next answer decides anew. A fault keeps the finalizer: storage may exist.
-                handle.release_claim::<ClaimError>(&pvc).await?;
-            }
-            return Err(ClaimError::Guest(error));
+            warn_claim(handle, pvc, events::PROVISIONING_FAILED, error.to_string());
+            Err(error.into())
         }
-    };
-    claim_entry::record_built(ctx, &pvc, &pv, class);
-
-    // The claim may have been deleted while the guest worked: then the storage goes, no PV.
-    // The cache is enough: our finalizer keeps the claim, so deletion shows as a timestamp
-    // within a watch event; if the cache lags, the PV is created and reclaimed as Released.
-    let cached = ctx
-        .claims
-        .get(&ObjectRef::from_obj(&pvc))
-        .filter(|c| c.metadata.uid == pvc.metadata.uid);
-    if cached
-        .as_ref()
-        .is_none_or(|c| c.metadata.deletion_timestamp.is_some())
-    {
-        return endings::abandon_deleted_while_provisioning(handle, guest, &pv, class, cached)
-            .await;
     }
-    endings::save_pv(handle, guest, &pvc, &pv, class).await
+}
+
+/// Executes what follows a build that failed: the guest's typed refusal goes to [`react`];
+/// anything else is warned about, and the intent kept or dropped as
+/// [`plan::failed_build_keeps_intent`] says.
+async fn build_failed(
+    handle: &Handle<'_>,
+    pvc: &PersistentVolumeClaim,
+    error: CallError,
+) -> Result<Done, ClaimError> {
+    if let CallError::Guest { error, guest } = error {
+        return react(handle, pvc, guest, error).await;
+    }
+    warn_claim(handle, pvc, events::PROVISIONING_FAILED, error.to_string());
+    if !plan::failed_build_keeps_intent(&error) {
+        handle.release_claim::<ClaimError>(pvc).await?;
+    }
+    Err(ClaimError::Guest(error))
 }
 
 /// Executes the reaction to a guest's typed refusal.
@@ -452,10 +469,13 @@ async fn react(
                         "finalizers": finalizers_without(pvc),
                     }
                 });
-                handle.merge_patch_claim(pvc, &patch).await??;
-                if let Some(log) = &handle.ctx().intents {
-                    log.done(pvc.metadata.uid.as_deref().unwrap_or_default());
+                if let ClaimPatched::Refused(error) = handle.merge_patch_claim(pvc, &patch).await? {
+                    return Err(error.into());
                 }
+                claim_entry::release(
+                    handle.ctx(),
+                    pvc.metadata.uid.as_deref().unwrap_or_default(),
+                );
             } else {
                 handle.release_claim::<ClaimError>(pvc).await?;
             }
@@ -498,29 +518,30 @@ async fn pick_this_node(
         }
     });
     match handle.merge_patch_claim(pvc, &patch).await? {
-        Ok(_) => {
+        ClaimPatched::Patched => {
             node.compete_done(uid);
             tracing::info!(node = %me, "picked this node for the immediate-binding claim");
             handle.event(
                 &pvc.object_ref(&()),
-                false,
-                events::NODE_SELECTED,
-                "Provision",
-                format!("Node {me} picked for the immediate-binding claim (node deployment)"),
+                Event::normal(
+                    events::NODE_SELECTED,
+                    EventAction::Provision,
+                    format!("Node {me} picked for the immediate-binding claim (node deployment)"),
+                ),
             );
             Ok(Done::Nothing)
         }
         // Someone changed the claim first (often: another node picked it). Its watch event
         // brings the claim back; if no node was picked, this instance tries again at once.
-        Err(kube::Error::Api(status)) if status.is_conflict() => {
+        ClaimPatched::Refused(kube::Error::Api(status)) if status.is_conflict() => {
             tracing::debug!("claim changed while competing for it; looking again");
             Ok(Done::Nothing)
         }
-        Err(kube::Error::Api(status)) if status.is_not_found() => {
+        ClaimPatched::Refused(kube::Error::Api(status)) if status.is_not_found() => {
             node.compete_done(uid);
             Ok(Done::Nothing)
         }
-        Err(error) => Err(error.into()),
+        ClaimPatched::Refused(error) => Err(error.into()),
     }
 }
 
@@ -543,12 +564,13 @@ fn finalizers_without(pvc: &PersistentVolumeClaim) -> Vec<String> {
         .collect()
 }
 
-/// A warning event on a claim.
+/// A warning event on a claim, from the provision path.
 pub(crate) fn warn_claim(
     handle: &Handle<'_>,
     pvc: &PersistentVolumeClaim,
-    reason: &str,
+    reason: &'static str,
     note: String,
 ) {
-    handle.event(&pvc.object_ref(&()), true, reason, "Provision", note);
+    let event = Event::warning(reason, EventAction::Provision, note);
+    handle.event(&pvc.object_ref(&()), event);
 }

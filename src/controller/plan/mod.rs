@@ -11,6 +11,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::decide::{self, ClaimDecision, Serving};
 use super::node::ClaimOwner;
+use crate::wasm::CallError;
 use crate::wasm::bindings::types::ProvisionError;
 
 /// Who finishes a deleted claim in node mode.
@@ -26,8 +27,12 @@ pub enum DeletedOwner {
 
 /// What the plan reads about the world; the shell answers from caches and its own memory.
 pub trait ClaimFacts {
+    /// The guest a plan hands on to be called (the shell's `Arc<Guest>`; tables use `()`).
+    type Guest;
     /// Whether a provisioner name is served here.
     fn serving(&self, provisioner: &str) -> Serving;
+    /// The guest serving `provisioner` (`Some` whenever [`ClaimFacts::serving`] says `Yes`).
+    fn guest(&self, provisioner: &str) -> Option<Self::Guest>;
     /// The cached class of this name.
     fn class(&self, name: &str) -> Option<&StorageClass>;
     /// Whether the claim holds our finalizer (our latest write wins over the cache).
@@ -44,9 +49,9 @@ pub trait ClaimFacts {
     fn guest_busy(&self, provisioner: &str) -> bool;
 }
 
-/// What to do with a claim.
+/// What to do with a claim; `G` is the guest a provision calls, chosen by the plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClaimPlan<'a> {
+pub enum ClaimPlan<'a, G = ()> {
     /// Nothing: not ours, bound, not ready, or another node's.
     Skip(&'static str),
     /// Drop our finalizer if the PV exists (it may not be in the cache yet: ask).
@@ -69,11 +74,16 @@ pub enum ClaimPlan<'a> {
         provisioner: &'a str,
         /// The class name.
         class: &'a str,
+        /// The guest serving the provisioner.
+        guest: G,
     },
 }
 
 /// Decides what to do with a claim.
-pub fn plan_claim<'a>(pvc: &'a PersistentVolumeClaim, facts: &impl ClaimFacts) -> ClaimPlan<'a> {
+pub fn plan_claim<'a, F: ClaimFacts>(
+    pvc: &'a PersistentVolumeClaim,
+    facts: &F,
+) -> ClaimPlan<'a, F::Guest> {
     if pvc.metadata.deletion_timestamp.is_some() {
         if !facts.holds_finalizer() {
             return ClaimPlan::Skip("deleted, and no storage of ours can exist");
@@ -126,9 +136,14 @@ pub fn plan_claim<'a>(pvc: &'a PersistentVolumeClaim, facts: &impl ClaimFacts) -
     if facts.guest_busy(provisioner) {
         return ClaimPlan::Busy("guest at its max-concurrency");
     }
-    ClaimPlan::Provision {
-        provisioner,
-        class: class_name,
+    // Served (decided above), so its guest is there: the plugins are one snapshot.
+    match facts.guest(provisioner) {
+        Some(guest) => ClaimPlan::Provision {
+            provisioner,
+            class: class_name,
+            guest,
+        },
+        None => ClaimPlan::WaitForGuest(provisioner),
     }
 }
 
@@ -165,6 +180,21 @@ pub fn react(error: &ProvisionError, has_selected_node: bool) -> Reaction {
         },
         ProvisionError::Final(m) => Reaction::Fail(m.clone()),
     }
+}
+
+/// Whether a build that failed other than by the guest's typed refusal (see [`react`]) leaves the
+/// claim's intent in place. A fault keeps it: storage may exist. The host's rejection of what the
+/// guest built does not: nothing of it is saved, and the guest's next answer decides anew.
+pub fn failed_build_keeps_intent(error: &CallError) -> bool {
+    !matches!(error, CallError::Rejected { .. })
+}
+
+/// Whether the claim went while its guest worked: then the storage goes, no PV. `cached` is the
+/// claim as the cache holds it now, if it is still this claim (same UID). The cache is enough:
+/// our finalizer keeps the claim, so deletion shows as a timestamp within a watch event; if the
+/// cache lags, the PV is created and reclaimed as Released.
+pub fn deleted_while_provisioning(cached: Option<&PersistentVolumeClaim>) -> bool {
+    cached.is_none_or(|c| c.metadata.deletion_timestamp.is_some())
 }
 
 /// The annotation on a StorageClass that caps its claims in flight (guest calls running).
@@ -226,8 +256,12 @@ mod tests {
     }
 
     impl ClaimFacts for Facts {
+        type Guest = ();
         fn serving(&self, p: &str) -> Serving {
             if p == P { self.serving } else { Serving::No }
+        }
+        fn guest(&self, p: &str) -> Option<()> {
+            (self.serving(p) == Serving::Yes).then_some(())
         }
         fn class(&self, name: &str) -> Option<&StorageClass> {
             self.class
@@ -283,6 +317,7 @@ mod tests {
         let provision = ClaimPlan::Provision {
             provisioner: P,
             class: "fast",
+            guest: (),
         };
         let cases: Vec<(&str, bool, Facts, ClaimPlan)> = vec![
             ("ready", false, base.clone(), provision.clone()),

@@ -10,6 +10,10 @@ use crate::controller::node::VolumeOwner;
 /// What the plan reads about the world; the shell answers from caches, settings and its own
 /// recent writes.
 pub trait VolumeFacts {
+    /// The guest a plan hands on to be called (the shell's `Arc<Guest>`; tables use `()`).
+    type Guest;
+    /// The guest serving `provisioner` (`Some` whenever [`VolumeFacts::serving`] says `Yes`).
+    fn guest(&self, provisioner: &str) -> Option<Self::Guest>;
     /// Node mode: whose volume this is (`None` outside node mode).
     fn owner(&self) -> Option<VolumeOwner>;
     /// Whether a provisioner name is served here.
@@ -32,9 +36,9 @@ pub enum DeleteOrder {
     StorageFirst,
 }
 
-/// What to do with a PV.
+/// What to do with a PV; `G` is the guest a delete calls, chosen by the plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VolumePlan<'a> {
+pub enum VolumePlan<'a, G = ()> {
     /// Nothing: another node's, or deleted by us a moment ago.
     Skip(&'static str),
     /// Node mode: pinned to a node that no longer exists; its storage went with it.
@@ -52,11 +56,16 @@ pub enum VolumePlan<'a> {
         provisioner: &'a str,
         /// In which order storage and PV go.
         order: DeleteOrder,
+        /// The guest serving the provisioner.
+        guest: G,
     },
 }
 
 /// Decides what to do with a PV.
-pub fn plan_volume<'a>(pv: &'a PersistentVolume, facts: &impl VolumeFacts) -> VolumePlan<'a> {
+pub fn plan_volume<'a, F: VolumeFacts>(
+    pv: &'a PersistentVolume,
+    facts: &F,
+) -> VolumePlan<'a, F::Guest> {
     match facts.owner() {
         None | Some(VolumeOwner::Mine) => {}
         Some(VolumeOwner::OtherNode) => return VolumePlan::Skip("another node's volume"),
@@ -87,7 +96,15 @@ pub fn plan_volume<'a>(pv: &'a PersistentVolume, facts: &impl VolumeFacts) -> Vo
     } else {
         DeleteOrder::StorageFirst
     };
-    VolumePlan::Delete { provisioner, order }
+    // Served (decided above), so its guest is there: the plugins are one snapshot.
+    match facts.guest(provisioner) {
+        Some(guest) => VolumePlan::Delete {
+            provisioner,
+            order,
+            guest,
+        },
+        None => VolumePlan::WaitForGuest(provisioner),
+    }
 }
 
 #[cfg(test)]
@@ -117,6 +134,10 @@ mod tests {
     }
 
     impl VolumeFacts for Facts {
+        type Guest = ();
+        fn guest(&self, p: &str) -> Option<()> {
+            (self.serving(p) == Serving::Yes).then_some(())
+        }
         fn owner(&self) -> Option<VolumeOwner> {
             self.owner.clone()
         }
@@ -149,6 +170,7 @@ mod tests {
         VolumePlan::Delete {
             provisioner: P,
             order,
+            guest: (),
         }
     }
 

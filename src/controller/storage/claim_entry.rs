@@ -1,16 +1,100 @@
-//! The claim side of the intent log: the entry recorded before a guest call (names only), what
-//! the guest built once it returned, the queue recorded ahead, and the entry's fate after an
-//! attempt. The claim path says which claims are queued and how an attempt ended; the rules for
-//! the entry are written here.
+//! The claim side of the intent log: where a claim's intent is recorded before its guest call
+//! ([`intent_mode`], [`record`]: the entry, names only, with the queue recorded ahead), what the
+//! guest built once it returned ([`record_built`]), and the entry's fate after an attempt
+//! ([`settle`], [`release`]). The claim path says which claims are queued and how an attempt
+//! ended; the rules for the entry are written here, and every log call of the claim path is one
+//! of these.
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::AHEAD;
-use super::intent::{Intent, IntentLog, Storage};
-use crate::controller::Context;
+use super::intent::{Intent, IntentError, IntentLog, Storage};
 use crate::controller::decide;
+use crate::controller::{Context, IntentRecord};
 use crate::wasm::Plugins;
+
+/// Where a claim's intent is recorded before its guest is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntentMode {
+    /// Our finalizer on the claim (per-claim and node modes).
+    Finalizer,
+    /// An entry in this replica's intent log.
+    Log,
+    /// Nowhere (`--intent off`, or a log that is not open).
+    Nowhere,
+}
+
+/// Where this replica records a claim's intent: what the settings call for, given whether its
+/// log is open.
+pub fn intent_mode(ctx: &Context) -> IntentMode {
+    mode_for(ctx.settings.intent, ctx.intents.is_some())
+}
+
+/// The record the settings call for, given whether this replica's log is open.
+fn mode_for(record: IntentRecord, log_open: bool) -> IntentMode {
+    match record {
+        IntentRecord::ClaimFinalizer => IntentMode::Finalizer,
+        IntentRecord::Log if log_open => IntentMode::Log,
+        IntentRecord::Log | IntentRecord::Off => IntentMode::Nowhere,
+    }
+}
+
+/// How recording a claim's entry in the log went.
+#[derive(Debug)]
+pub enum Recorded {
+    /// The entry is durable: the guest may be called.
+    Logged,
+    /// The log holds as much as it may (claims whose calls never answered, say): this claim
+    /// carries its own intent instead, our finalizer, as in per-claim mode. The log is shared by
+    /// every class, and one full of another's entries must not stop the others.
+    OnClaimInstead(IntentError),
+}
+
+/// Whether a failed record falls back to our finalizer on the claim rather than failing it.
+pub fn falls_back_to_finalizer(error: &IntentError) -> bool {
+    matches!(
+        error,
+        IntentError::Full { .. } | IntentError::TooLarge { .. }
+    )
+}
+
+/// Records the claim's entry before its guest call, with the claims queued behind it recorded
+/// ahead (`queued`: the claim path's word, see [`intents_ahead`]). Without an open log, nothing
+/// is recorded and `Logged` is answered: the caller asked [`intent_mode`] first.
+pub async fn record(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    provisioner: &str,
+    pv_name: &str,
+    queued: impl for<'a> Fn(&Plugins, &'a PersistentVolumeClaim) -> Option<&'a str>,
+) -> Result<Recorded, IntentError> {
+    let Some(log) = &ctx.intents else {
+        return Ok(Recorded::Logged);
+    };
+    let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
+    let ahead = intents_ahead(ctx, uid, log, queued);
+    match log.record(uid, &of(provisioner, pv_name, pvc), ahead).await {
+        Ok(()) => Ok(Recorded::Logged),
+        Err(error) if falls_back_to_finalizer(&error) => Ok(Recorded::OnClaimInstead(error)),
+        Err(error) => Err(error),
+    }
+}
+
+/// The claim's storage is settled (its PV exists, the storage is gone, or the guest holds
+/// none): its entry leaves the log.
+pub fn release(ctx: &Context, uid: &str) {
+    if let Some(log) = &ctx.intents {
+        log.done(uid);
+    }
+}
+
+/// After a reconcile: the entry's fate (the rules of `settle_in`), when this replica keeps a log.
+pub fn settle(ctx: &Context, key: &str, attempt: Attempt) {
+    if let Some(log) = &ctx.intents {
+        settle_in(log, key, attempt);
+    }
+}
 
 /// How a claim's attempt ended, as far as its log entry is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,7 +113,7 @@ pub enum Attempt {
 /// comes); one that may stand for storage stays, recovery's from now on. A call that ended
 /// without an answer may have built anything: should the claim go before a later call answers,
 /// its storage is kept and said so.
-pub fn settle(log: &IntentLog, key: &str, attempt: Attempt) {
+fn settle_in(log: &IntentLog, key: &str, attempt: Attempt) {
     let built = matches!(log.get(key), Some(Intent::Claim(entry)) if entry.built.is_some());
     match attempt {
         Attempt::Unanswered => log.attempt_unanswered(key),
@@ -85,7 +169,7 @@ const AHEAD_WHILE_BELOW: usize = 256;
 /// for a claim that is then never provisioned is harmless: it is dropped once the claim is
 /// settled, and if the claim goes first, recovery drops it too (it records nothing built, so it
 /// deletes nothing).
-pub fn intents_ahead(
+fn intents_ahead(
     ctx: &Context,
     current: &str,
     log: &IntentLog,
@@ -116,4 +200,24 @@ pub fn intents_ahead(
         ahead.push((uid.to_string(), of(provisioner, &pv, pvc)));
     }
     ahead
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_is_used_only_when_asked_for_and_open() {
+        let table = [
+            (IntentRecord::Log, true, IntentMode::Log),
+            (IntentRecord::Log, false, IntentMode::Nowhere),
+            (IntentRecord::ClaimFinalizer, true, IntentMode::Finalizer),
+            (IntentRecord::ClaimFinalizer, false, IntentMode::Finalizer),
+            (IntentRecord::Off, true, IntentMode::Nowhere),
+            (IntentRecord::Off, false, IntentMode::Nowhere),
+        ];
+        for (record, open, want) in table {
+            assert_eq!(mode_for(record, open), want, "{record:?}, log open: {open}");
+        }
+    }
 }

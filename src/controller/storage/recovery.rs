@@ -22,7 +22,7 @@ use super::StorageError;
 use super::intent::{ClaimIntent, Intent, IntentLog, Storage, VolumeIntent};
 use crate::controller::Context;
 use crate::controller::cache::{self, CachedVolume};
-use crate::controller::events;
+use crate::controller::events::{self, Event, EventAction};
 use crate::controller::gate::LockKey;
 use crate::controller::handle::Handle;
 
@@ -327,10 +327,11 @@ fn keep(handle: &Handle<'_>, key: &str, intent: &Intent, known: Known, why: &str
     };
     handle.event(
         &reference,
-        true,
-        events::STORAGE_KEPT,
-        "Delete",
-        format!("{said}: {why}"),
+        Event::warning(
+            events::STORAGE_KEPT,
+            EventAction::Delete,
+            format!("{said}: {why}"),
+        ),
     );
 }
 
@@ -415,28 +416,23 @@ fn failed(
     let reference = pv_reference(intent.pv(), Some(key));
     handle.event(
         &reference,
-        true,
-        events::VOLUME_FAILED_DELETE,
-        "Delete",
-        format!(
-            "Deleting the storage of {} failed (attempt {}): {error}",
-            intent.pv(),
-            retries.attempts
+        Event::warning(
+            events::VOLUME_FAILED_DELETE,
+            EventAction::Delete,
+            format!(
+                "Deleting the storage of {} failed (attempt {}): {error}",
+                intent.pv(),
+                retries.attempts
+            ),
         ),
     );
     if retries.given_up {
-        handle.event(
-            &reference,
-            true,
-            events::DELETE_GIVEN_UP,
-            "Delete",
-            format!(
+        handle.event(&reference, Event::warning(events::DELETE_GIVEN_UP, EventAction::Delete, format!(
                 "Gave up deleting the storage of {} after {} attempts; it is listed by `wasm-provisioner release-finalizers --dry-run` and removed from the intent log by `wasm-provisioner forget-storage {}`",
                 intent.pv(),
                 retries.attempts,
                 intent.pv()
-            ),
-        );
+            )));
     }
     Ok(())
 }
