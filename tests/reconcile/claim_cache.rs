@@ -1,6 +1,7 @@
 //! The claim cache against the fake API server: claims of a provisioner no guest here knows stay
-//! out of it and are never planned; a plugins reload that serves their provisioner lists the
-//! claims again, and they are provisioned from the whole object.
+//! out of it and are never planned (10,000 foreign claims and volumes leave no trace); settled
+//! claims leave it and settled volumes keep only their identity; a plugins reload that serves
+//! their provisioner lists the claims again, and they are provisioned from the whole object.
 
 use super::*;
 use futures::StreamExt;
@@ -194,4 +195,84 @@ async fn a_reload_that_serves_a_foreign_claim_lists_again_and_provisions_it_whol
         OTHER
     );
     assert_eq!(pv["spec"]["claimRef"]["uid"], "u-later");
+}
+
+#[tokio::test]
+async fn ten_thousand_foreign_claims_and_volumes_leave_no_trace() {
+    let mut world = World::new(settings(), "");
+    world.class("fast", json!({}), json!({}));
+    for n in 0..10_000 {
+        let pvc: PersistentVolumeClaim =
+            serde_json::from_value(claim_of(&format!("f{n}"), "other", "example.com/other"))
+                .unwrap();
+        claims::reconcile(Arc::new(pvc), world.ctx.clone())
+            .await
+            .expect("foreign claims are not an error");
+        let pv: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": format!("pv-f{n}"), "uid": format!("uid-pv-f{n}"),
+                         "annotations": {"pv.kubernetes.io/provisioned-by": "example.com/other"}},
+            "spec": {"persistentVolumeReclaimPolicy": "Delete"},
+            "status": {"phase": "Released"}
+        }))
+        .unwrap();
+        volumes::reconcile(Arc::new(pv), world.ctx.clone())
+            .await
+            .expect("foreign volumes are not an error");
+    }
+    assert!(
+        world.api.requests().is_empty(),
+        "{:?}",
+        &world.api.calls()[..5]
+    );
+    assert_eq!(world.ctx.claim_book.len(), 0, "failure book of claims");
+    assert_eq!(world.ctx.volume_book.len(), 0, "failure book of volumes");
+    assert_eq!(world.ctx.metrics.waiting(Queue::Claims), 0);
+    assert_eq!(world.ctx.metrics.waiting(Queue::Volumes), 0);
+    assert_eq!(world.ctx.recorder.queued(), 0, "event queue");
+    assert_eq!(world.ctx.recorder.series_len(), 0, "event series");
+    assert_eq!(world.ctx.recent.len(), 0, "recent writes");
+}
+
+#[tokio::test]
+async fn settled_claims_leave_the_cache_settled_volumes_keep_their_identity_no_requests() {
+    let mut world = World::new(settings(), "");
+    world.class("fast", json!({}), json!({}));
+    let mut bound = claim_of("data", "fast", P);
+    bound["spec"]["volumeName"] = json!("pvc-uid-data");
+    let pvc = world.claim(bound);
+    let pv = world.volume(json!({
+        "metadata": {"name": "pvc-uid-data", "uid": "uid-pv",
+                     "annotations": {"pv.kubernetes.io/provisioned-by": P}},
+        "spec": {"persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
+                 "hostPath": {"path": "/x"}},
+        "status": {"phase": "Bound"}
+    }));
+    assert!(
+        world.ctx.claims.get(&ObjectRef::from_obj(&*pvc)).is_none(),
+        "a bound claim leaves the cache"
+    );
+    let cached_pv = world.ctx.volume("pvc-uid-data").expect("cached");
+    assert!(
+        cached_pv.whole().is_none(),
+        "a bound PV is kept as its identity"
+    );
+    assert_eq!(cached_pv.meta().uid.as_deref(), Some("uid-pv"));
+    // The class changes: only unbound claims are re-checked, and the settled ones cost nothing.
+    assert!(
+        claims::claims_of_class(&world.ctx.claims, &world.ctx.class("fast").unwrap()).is_empty()
+    );
+    volumes::reconcile_cached(cached_pv, world.ctx.clone())
+        .await
+        .expect("settled volume");
+    assert!(world.api.requests().is_empty(), "{:?}", world.api.calls());
+    // Released: the watch brings the whole PV again, and the delete path runs on it.
+    let mut released = (*pv).clone();
+    released.status.as_mut().unwrap().phase = Some("Released".into());
+    let released = world.volume(serde_json::to_value(&released).unwrap());
+    let cached_pv = world.ctx.volume("pvc-uid-data").expect("cached");
+    assert_eq!(
+        cached_pv.whole(),
+        Some(&released),
+        "a released PV is kept whole"
+    );
 }
