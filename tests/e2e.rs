@@ -7,140 +7,27 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use wp_harness::{ControlPlane, Process};
+use wp_harness::ControlPlane;
 
-use common::PluginsDir;
-use common::e2e::{Fixture, SELECTED_NODE, affinity, pv_name, uid};
+use common::e2e::{SELECTED_NODE, affinity, pv_name, uid};
+use common::world::World;
 
 const OUR_FINALIZER: &str = "wasm-provisioner.dev/provisioning";
 
-/// One test's world: the fixture, storage, plugins, and the provisioner process.
-struct World {
-    fx: Fixture,
-    storage: tempfile::TempDir,
-    plugins: PluginsDir,
-    process: Option<Process>,
-}
-
-fixture_world!(World);
-
-impl World {
-    /// A world whose guest is `crate_name` from `guests/`.
-    async fn new(cp: Arc<ControlPlane>, name: &str, crate_name: &str) -> anyhow::Result<World> {
-        let fx = Fixture::new(cp, "e2e", name).await?;
-        let storage = tempfile::tempdir()?;
-        let guest_dir = if crate_name == "hostpath" {
-            "/volumes"
-        } else {
-            "/state"
-        };
-        let plugins = common::dir_guest(crate_name, &fx.provisioner, storage.path(), guest_dir);
-        Ok(World {
-            fx,
-            storage,
-            plugins,
-            process: None,
-        })
-    }
-
-    /// Starts `wasm-provisioner run` as the provisioner identity (or `kubeconfig`), fast retries.
-    fn start_as(&mut self, kubeconfig: &Path, extra: &[&str]) -> anyhow::Result<()> {
-        let mut cmd = self.provisioner_command(self.plugins.path(), kubeconfig);
-        cmd.args(["--create-pv-retry-count", "2"])
-            .args(["--create-pv-retry-interval", "200ms"])
-            .args(["--instance-name", &self.name])
-            // Election is on, as in production; each world has its own lease.
-            .args(["--leader-election-namespace", "wasm-provisioner"])
-            .args(["--leader-election-lease-name", &self.ns])
-            .args(extra);
-        self.process = Some(self.spawn("provisioner", cmd)?);
-        Ok(())
-    }
-
-    fn start(&mut self, extra: &[&str]) -> anyhow::Result<()> {
-        let kubeconfig = self.cp.provisioner_kubeconfig().to_owned();
-        self.start_as(&kubeconfig, extra)
-    }
-
-    /// A started world whose scripted guest is at work on claim `data` (its storage created), and
-    /// will be for `delay_ms` more.
-    async fn guest_at_work(
-        cp: Arc<ControlPlane>,
-        name: &str,
-        delay_ms: u32,
-    ) -> anyhow::Result<(World, PersistentVolumeClaim)> {
-        World::guest_at_work_as(cp, name, delay_ms, &[]).await
-    }
-
-    /// [`World::guest_at_work`] with extra provisioner flags.
-    async fn guest_at_work_as(
-        cp: Arc<ControlPlane>,
-        name: &str,
-        delay_ms: u32,
-        extra: &[&str],
-    ) -> anyhow::Result<(World, PersistentVolumeClaim)> {
-        let mut w = World::new(cp, name, "scripted").await?;
-        w.start(extra)?;
-        let class = w
-            .class("slow")
-            .param("delayMs", &delay_ms.to_string())
-            .create()
-            .await?;
-        let claim = w.claim("data").class(&class).create().await?;
-        w.wait_guest_started(&pv_name(&claim)).await?;
-        Ok((w, claim))
-    }
-
-    /// Lines of the scripted guest's call log.
-    fn calls(&self) -> Vec<String> {
-        std::fs::read_to_string(self.storage.path().join("calls.log"))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect()
-    }
-
-    /// How many calls of `operation` (`provision`, `delete`) the scripted guest logged.
-    fn count_calls(&self, operation: &str) -> usize {
-        let prefix = format!("{operation} ");
-        self.calls()
-            .iter()
-            .filter(|l| l.starts_with(&prefix))
-            .count()
-    }
-
-    /// Sets `volume.kubernetes.io/selected-node`, as the scheduler would.
-    async fn select_node(&self, claim: &str, node: &str) -> anyhow::Result<()> {
-        let patch = json!({"metadata": {"annotations": {SELECTED_NODE: node}}});
-        self.claims()
-            .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        Ok(())
-    }
-
-    fn storage_of(&self, pv_name: &str) -> PathBuf {
-        self.storage.path().join(pv_name)
-    }
-
-    /// Waits until the scripted guest started provisioning `pv` (its `.started` marker).
-    async fn wait_guest_started(&self, pv: &str) -> anyhow::Result<()> {
-        let marker = self.storage.path().join(format!("{pv}.started"));
-        self.wait_file("guest started", &marker).await
-    }
-}
+/// This suite's name: its namespaces' prefix.
+const SUITE: &str = "e2e";
 
 async fn provision_binds_claim_with_the_right_fields(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "bind", "hostpath").await?;
+    let mut w = World::new(cp, SUITE, "bind", "hostpath").await?;
     w.start(&[])?;
     let class = w.class("fast").create().await?;
     let claim = w.claim("data").class(&class).create().await?;
@@ -183,7 +70,7 @@ async fn provision_binds_claim_with_the_right_fields(cp: Arc<ControlPlane>) -> a
 }
 
 async fn deleting_the_claim_deletes_pv_and_storage(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "delete", "hostpath").await?;
+    let mut w = World::new(cp, SUITE, "delete", "hostpath").await?;
     w.start(&[])?;
     let class = w.class("fast").create().await?;
     w.claim("data").class(&class).create().await?;
@@ -198,7 +85,7 @@ async fn deleting_the_claim_deletes_pv_and_storage(cp: Arc<ControlPlane>) -> any
 }
 
 async fn retain_keeps_the_released_pv_and_storage(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "retain", "hostpath").await?;
+    let mut w = World::new(cp, SUITE, "retain", "hostpath").await?;
     w.start(&[])?;
     let class = w.class("keep").reclaim("Retain").create().await?;
     w.claim("data").class(&class).create().await?;
@@ -217,7 +104,7 @@ async fn retain_keeps_the_released_pv_and_storage(cp: Arc<ControlPlane>) -> anyh
 async fn a_class_created_after_its_claim_is_provisioned_once(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "late-class", "scripted").await?;
+    let mut w = World::new(cp, SUITE, "late-class", "scripted").await?;
     w.start(&[])?;
     let class = format!("{}-late", w.ns);
     let claim = w.claim("data").class(&class).create().await?;
@@ -240,7 +127,7 @@ async fn a_class_created_after_its_claim_is_provisioned_once(
 async fn final_failures_stop_at_the_threshold_even_across_resyncs(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "give-up", "scripted").await?;
+    let mut w = World::new(cp, SUITE, "give-up", "scripted").await?;
     w.start(&["--failed-provision-threshold", "3", "--resync-period", "1s"])?;
     let class = w.class("broken").param("fail", "final").create().await?;
     let claim = w.claim("data").class(&class).create().await?;
@@ -274,7 +161,7 @@ async fn retried_without_counting(
     threshold: usize,
     (fail, times): (&str, usize),
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, name, "scripted").await?;
+    let mut w = World::new(cp, SUITE, name, "scripted").await?;
     w.start(&["--failed-provision-threshold", &threshold.to_string()])?;
     let class = w
         .class(name)
@@ -297,7 +184,7 @@ async fn retried_without_counting(
 }
 
 async fn a_denied_pv_create_cleans_up_the_storage(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
-    let mut w = World::new(cp.clone(), "denied", "scripted").await?;
+    let mut w = World::new(cp.clone(), SUITE, "denied", "scripted").await?;
     // The identity gets everything the provisioner needs except creating PVs.
     let roles: Api<ClusterRole> = Api::all(w.admin.clone());
     let mut role: ClusterRole = roles.get("wasm-provisioner").await?;
@@ -362,7 +249,7 @@ async fn a_denied_pv_create_cleans_up_the_storage(cp: Arc<ControlPlane>) -> anyh
 async fn a_claim_deleted_while_the_guest_works_leaves_nothing(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let (w, claim) = World::guest_at_work(cp, "deleted-mid", 3000).await?;
+    let (w, claim) = World::guest_at_work(cp, SUITE, "deleted-mid", 3000).await?;
     let pv = pv_name(&claim);
     w.claims().delete("data", &DeleteParams::default()).await?;
     w.wait_claim_gone("data").await?;
@@ -378,326 +265,10 @@ async fn a_claim_deleted_while_the_guest_works_leaves_nothing(
     Ok(())
 }
 
-async fn killed_between_guest_and_pv_create_ends_with_one_pv(
-    cp: Arc<ControlPlane>,
-) -> anyhow::Result<()> {
-    // The guest creates the storage, then lingers: killing it now is the same as killing the
-    // controller after the guest returned and before the PV was created.
-    let (mut w, claim) = World::guest_at_work(cp, "killed", 4000).await?;
-    let pv = pv_name(&claim);
-    ensure!(w.storage_of(&pv).is_dir(), "storage exists before the PV");
-    w.process.as_mut().unwrap().kill();
-    w.start(&[])?;
-    let bound = w.wait_bound("data").await?;
-    ensure!(bound.name_any() == pv);
-    let ours: Vec<String> = w
-        .pvs()
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|p| {
-            p.spec
-                .as_ref()
-                .and_then(|s| s.claim_ref.as_ref())
-                .and_then(|r| r.uid.clone())
-                == claim.metadata.uid
-        })
-        .map(|p| p.name_any())
-        .collect();
-    ensure!(ours == vec![pv.clone()], "exactly one PV: {ours:?}");
-    Ok(())
-}
-
-async fn killed_mid_call_then_claim_deleted_while_down_keeps_its_storage_and_says_so(
-    cp: Arc<ControlPlane>,
-) -> anyhow::Result<()> {
-    let (mut w, claim) = World::guest_at_work(cp, "killed-deleted", 4000).await?;
-    let pv = pv_name(&claim);
-    w.process.as_mut().unwrap().kill();
-    w.claims().delete("data", &DeleteParams::default()).await?;
-    // The default intent record is the log: the claim carries nothing of ours and goes at once.
-    w.wait_claim_gone("data").await?;
-    ensure!(
-        w.storage_of(&pv).exists(),
-        "storage left behind by the crash"
-    );
-    w.start(&[])?;
-    // What the guest built before the kill is unknown; asking it again could name a namesake
-    // claim's live storage. The storage stays, and the provisioner says so.
-    w.wait_event(&uid(&claim), "StorageKept", &["unknown"])
-        .await?;
-    ensure!(w.storage_of(&pv).exists(), "storage kept");
-    ensure!(w.count_calls("delete") == 0, "{:?}", w.calls());
-    ensure!(w.pvs().get_opt(&pv).await?.is_none());
-    Ok(())
-}
-
-/// An admin keeps a Released volume that was recorded ahead for deletion: Retain, then
-/// `kubectl delete pv`. Its storage stays, live and across a SIGKILL. One volume worker and
-/// deletes that take a while hold the second volume in the queue, recorded ahead by the first.
-async fn retain_then_delete_keeps_the_storage(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "retain-then-delete", "scripted").await?;
-    w.start(&["--worker-threads", "1"])?;
-    let class = w.class("c").param("deleteDelayMs", "4000").create().await?;
-    for claim in ["blocker", "kept"] {
-        w.claim(claim).class(&class).create().await?;
-    }
-    let blocker = w.wait_bound("blocker").await?.name_any();
-    let kept = w.wait_bound("kept").await?.name_any();
-    let pvs = w.pvs();
-    // The blocker's storage delete holds the only worker for 4 s while the other is Released.
-    w.claims()
-        .delete("blocker", &DeleteParams::default())
-        .await?;
-    w.wait("the blocker's PV marked deleted", || async {
-        Ok(pvs
-            .get_opt(&blocker)
-            .await?
-            .and_then(|p| p.metadata.deletion_timestamp)
-            .map(|_| ()))
-    })
-    .await?;
-    w.claims().delete("kept", &DeleteParams::default()).await?;
-    w.wait_pv_phase(&kept, "Released").await?;
-    // The admin keeps it: Retain, then `kubectl delete pv`. Our finalizer holds it until the
-    // worker frees; then it comes off, and the storage stays.
-    let retain = serde_json::json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}});
-    pvs.patch(&kept, &PatchParams::default(), &Patch::Merge(&retain))
-        .await?;
-    pvs.delete(&kept, &DeleteParams::default()).await?;
-    w.wait_pv_gone(&kept).await?;
-    let storage = w.storage_of(&kept);
-    let deleted = w.storage_of(&blocker);
-    w.wait_until("the blocker's storage deleted", || !deleted.exists())
-        .await?;
-    // Two recovery passes (every 10 s), live, then two more after a SIGKILL.
-    tokio::time::sleep(Duration::from_secs(22)).await;
-    ensure!(storage.exists(), "the retained volume's storage is kept");
-    w.process.as_mut().unwrap().kill();
-    w.start(&["--worker-threads", "1"])?;
-    tokio::time::sleep(Duration::from_secs(22)).await;
-    ensure!(storage.exists(), "kept across a restart too");
-    let deletes_of_kept = w
-        .calls()
-        .iter()
-        .filter(|line| *line == &format!("delete {kept}"))
-        .count();
-    ensure!(deletes_of_kept == 0, "{:?}", w.calls());
-    Ok(())
-}
-
-/// Storage named after the claim (as `${pvc.namespace}/${pvc.name}` patterns do): the claim is
-/// deleted after a crash mid-call and created again under the same name, and its new volume gets
-/// the same directory. Recovery of the old claim never deletes it (before, it asked the guest to
-/// provision again to find out what to delete, and deleted the new claim's directory).
-async fn a_namesake_claims_storage_survives_recovery_of_the_old_claim(
-    cp: Arc<ControlPlane>,
-) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "namesake", "scripted").await?;
-    w.start(&[])?;
-    let class = w
-        .class("by-claim")
-        .param("byClaim", "true")
-        .param("delayMs", "4000")
-        .create()
-        .await?;
-    let old = w.claim("data").class(&class).create().await?;
-    w.wait_guest_started(&pv_name(&old)).await?;
-    let directory = w.storage.path().join(format!("claim-{}-data", w.ns));
-    ensure!(
-        directory.is_dir(),
-        "the guest built {}",
-        directory.display()
-    );
-    w.process.as_mut().unwrap().kill();
-    w.claims().delete("data", &DeleteParams::default()).await?;
-    w.wait_claim_gone("data").await?;
-    let new = w.claim("data").class(&class).create().await?;
-    w.start(&[])?;
-    let bound = w.wait_bound("data").await?;
-    ensure!(bound.name_any() == pv_name(&new), "the new claim's own PV");
-    // The old claim's entry: what its guest built is unknown; it is kept and said so.
-    w.wait_event(&uid(&old), "StorageKept", &["unknown"])
-        .await?;
-    tokio::time::sleep(Duration::from_secs(22)).await;
-    ensure!(
-        directory.is_dir(),
-        "the new claim's directory is still there"
-    );
-    ensure!(w.count_calls("delete") == 0, "{:?}", w.calls());
-    Ok(())
-}
-
-/// Killed 0.5 s into a 3 s storage delete, after our DELETE of the Released PV: the PV stays,
-/// marked deleted and held by our finalizer, and the next process deletes the storage and lets
-/// the PV go. Before, the PV went first and the log recorded our DELETE lazily (with the next
-/// batch, or 2 s later): a kill before that write left the storage for ever, every time.
-async fn killed_during_a_storage_delete_the_next_process_finishes_it(
-    cp: Arc<ControlPlane>,
-) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "killed-mid-delete", "scripted").await?;
-    w.start(&[])?;
-    let class = w.class("c").param("deleteDelayMs", "3000").create().await?;
-    w.claim("data").class(&class).create().await?;
-    let name = w.wait_bound("data").await?.name_any();
-    let storage = w.storage_of(&name);
-    let pvs = w.pvs();
-    w.claims().delete("data", &DeleteParams::default()).await?;
-    w.wait("the guest's delete started", || async {
-        Ok(w.calls()
-            .iter()
-            .any(|c| *c == format!("delete {name}"))
-            .then_some(()))
-    })
-    .await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    w.process.as_mut().unwrap().kill();
-    let held = pvs.get(&name).await?;
-    ensure!(
-        held.metadata.deletion_timestamp.is_some()
-            && held
-                .finalizers()
-                .iter()
-                .any(|f| f == "external-provisioner.volume.kubernetes.io/finalizer"),
-        "the PV stays, marked deleted and held: {:?}",
-        held.metadata
-    );
-    ensure!(storage.exists(), "the storage outlived the kill");
-    w.start(&[])?;
-    w.wait_pv_gone(&name).await?;
-    ensure!(
-        !storage.exists(),
-        "the restarted controller deleted the storage before it let the PV go"
-    );
-    Ok(())
-}
-
-/// 200 claims bound, then all deleted while the provisioner is SIGKILLed every 2 s (each storage
-/// delete takes 300 ms, so kills land before, during and after DELETEs and storage deletes); then
-/// it runs in peace. No PV and no storage may be left over. Before our PV finalizer held the
-/// delete, 2 of 3 such runs left storage (the log's record of a DELETE was written lazily).
-/// docs/controller.md cites 5 runs of it in a row.
-async fn a_kill_loop_during_200_deletes_leaves_no_storage(
-    cp: Arc<ControlPlane>,
-) -> anyhow::Result<()> {
-    let count = 200;
-    let mut w = World::new(cp, "kill-loop", "scripted").await?;
-    w.start(&[])?;
-    let class = w.class("c").param("deleteDelayMs", "300").create().await?;
-    let claims = w.claims();
-    for n in 0..count {
-        w.claim(&format!("c{n}")).class(&class).create().await?;
-    }
-    w.wait("every claim bound", || async {
-        Ok((w.bound_count().await? == count).then_some(()))
-    })
-    .await?;
-    claims
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await?;
-    let mut kills = 0;
-    let ours = |pv: &k8s_openapi::api::core::v1::PersistentVolume| {
-        pv.spec
-            .as_ref()
-            .and_then(|s| s.storage_class_name.as_deref())
-            == Some(class.as_str())
-    };
-    let pvs = w.pvs();
-    let left = || async {
-        anyhow::Ok(
-            pvs.list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .filter(|pv| ours(pv))
-                .count(),
-        )
-    };
-    while kills < 8 && left().await? > 0 {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        w.process.as_mut().expect("running").kill();
-        kills += 1;
-        w.start(&[])?;
-    }
-    // Left in peace: every PV and its storage go. What is left after 100 s is named.
-    let peace = std::time::Instant::now();
-    while left().await? > 0 {
-        if peace.elapsed() > Duration::from_secs(100) {
-            let stuck: Vec<String> = pvs
-                .list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .filter(|pv| ours(pv))
-                .map(|pv| {
-                    format!(
-                        "{} {:?} deleting={} finalizers={:?}",
-                        pv.name_any(),
-                        pv.status.as_ref().and_then(|s| s.phase.clone()),
-                        pv.metadata.deletion_timestamp.is_some(),
-                        pv.metadata.finalizers
-                    )
-                })
-                .collect();
-            anyhow::bail!(
-                "{} PVs left 100 s after the last kill: {stuck:#?}\n{}",
-                stuck.len(),
-                w.logs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let leftover: Vec<String> = std::fs::read_dir(w.storage.path())?
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|name| name.starts_with("pvc-") && !name.contains('.'))
-        .collect();
-    println!(
-        "kill loop: {count} claims deleted under {kills} SIGKILLs every 2 s; storage left over: {}",
-        leftover.len()
-    );
-    ensure!(leftover.is_empty(), "storage left over: {leftover:?}");
-    Ok(())
-}
-
-/// The same crash with the intent on the claim itself (`--intent-record=claim-finalizer`, the
-/// record of per-claim and node modes): the finalizer holds the claim until the restarted
-/// controller releases it. Nothing records what the guest built, so it is not asked again (it
-/// was, before: provision once more, then delete what that returned): the storage stays, and an
-/// event on the claim says so.
-async fn killed_then_claim_deleted_while_down_with_claim_finalizer(
-    cp: Arc<ControlPlane>,
-) -> anyhow::Result<()> {
-    let mode = ["--intent-record=claim-finalizer"];
-    let (mut w, claim) = World::guest_at_work_as(cp, "killed-deleted-cf", 4000, &mode).await?;
-    let pv = pv_name(&claim);
-    w.process.as_mut().unwrap().kill();
-    w.claims().delete("data", &DeleteParams::default()).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    ensure!(
-        w.claims().get_opt("data").await?.is_some(),
-        "our finalizer holds the claim while nobody looks at it"
-    );
-    let provisions = w.count_calls("provision");
-    w.start(&mode)?;
-    w.wait_claim_gone("data").await?;
-    w.wait_event(&uid(&claim), "StorageKept", &["never asked again"])
-        .await?;
-    ensure!(w.storage_of(&pv).exists(), "storage kept");
-    ensure!(
-        w.count_calls("provision") == provisions && w.count_calls("delete") == 0,
-        "no guest call for the deleted claim: {:?}",
-        w.calls()
-    );
-    ensure!(w.pvs().get_opt(&pv).await?.is_none());
-    Ok(())
-}
-
 async fn claims_with_the_same_name_over_time_get_their_own_volumes(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "same-name", "scripted").await?;
+    let mut w = World::new(cp, SUITE, "same-name", "scripted").await?;
     w.start(&[])?;
     let class = w.class("c").create().await?;
     let first = w.claim("data").class(&class).create().await?;
@@ -719,7 +290,7 @@ async fn claims_with_the_same_name_over_time_get_their_own_volumes(
 async fn claims_for_other_provisioners_are_never_touched(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "other", "scripted").await?;
+    let mut w = World::new(cp, SUITE, "other", "scripted").await?;
     w.start(&[])?;
     let foreign = w
         .class("foreign")
@@ -756,7 +327,7 @@ async fn claims_for_other_provisioners_are_never_touched(
 async fn wait_for_first_consumer_waits_for_the_selected_node(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "wffc", "hostpath").await?;
+    let mut w = World::new(cp, SUITE, "wffc", "hostpath").await?;
     w.start(&[])?;
     let class = w.class("local").wait_for_first_consumer().create().await?;
     let claim = w.claim("data").class(&class).create().await?;
@@ -779,7 +350,7 @@ async fn wait_for_first_consumer_waits_for_the_selected_node(
 }
 
 async fn reschedule_drops_the_selected_node(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "reschedule", "scripted").await?;
+    let mut w = World::new(cp, SUITE, "reschedule", "scripted").await?;
     // The claim carries the intent in this mode: the reschedule must drop it with the node.
     w.start(&["--intent-record=claim-finalizer"])?;
     let class = w
@@ -819,7 +390,7 @@ async fn in_background_is_called_again_without_counting(
 async fn block_claims_need_a_guest_that_supports_block(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "block", "hostpath").await?;
+    let mut w = World::new(cp, SUITE, "block", "hostpath").await?;
     w.start(&[])?;
     let class = w.class("fs-only").create().await?;
     let claim = w.claim("raw").class(&class).block().create().await?;
@@ -839,7 +410,7 @@ async fn block_claims_need_a_guest_that_supports_block(
 async fn claims_with_a_selector_need_a_guest_that_declares_selectors(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "selector", "hostpath").await?;
+    let mut w = World::new(cp, SUITE, "selector", "hostpath").await?;
     w.start(&["--intent-record=claim-finalizer"])?;
     let class = w.class("plain").create().await?;
     let claim = w
@@ -873,7 +444,7 @@ async fn claims_with_a_selector_need_a_guest_that_declares_selectors(
 async fn block_claims_are_provisioned_by_guests_that_support_block(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "block-ok", "scripted").await?;
+    let mut w = World::new(cp, SUITE, "block-ok", "scripted").await?;
     w.start(&[])?;
     let class = w.class("raw").create().await?;
     w.claim("raw").class(&class).block().create().await?;
@@ -883,7 +454,7 @@ async fn block_claims_are_provisioned_by_guests_that_support_block(
 }
 
 async fn a_failed_delete_is_reported_and_retried(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "delete-fails", "scripted").await?;
+    let mut w = World::new(cp, SUITE, "delete-fails", "scripted").await?;
     w.start(&[])?;
     let class = w
         .class("c")
@@ -910,7 +481,7 @@ async fn a_failed_delete_is_reported_and_retried(cp: Arc<ControlPlane>) -> anyho
 }
 
 async fn guest_hooks_decide_last(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "hooks", "scripted").await?;
+    let mut w = World::new(cp, SUITE, "hooks", "scripted").await?;
     w.start(&[])?;
     let class = w.class("kept").param("keep", "true").create().await?;
     let skipped = w
@@ -941,7 +512,7 @@ async fn guest_hooks_decide_last(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
 async fn pv_finalizer_mode_guards_the_volume_until_storage_is_gone(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "pv-finalizer", "scripted").await?;
+    let mut w = World::new(cp, SUITE, "pv-finalizer", "scripted").await?;
     w.start(&[])?;
     let class = w.class("c").create().await?;
     w.claim("data").class(&class).create().await?;
@@ -968,7 +539,7 @@ async fn pv_finalizer_mode_guards_the_volume_until_storage_is_gone(
 }
 
 async fn sigterm_lets_in_flight_work_finish(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
-    let (mut w, claim) = World::guest_at_work(cp, "sigterm", 2000).await?;
+    let (mut w, claim) = World::guest_at_work(cp, SUITE, "sigterm", 2000).await?;
     let pv = pv_name(&claim);
     let status = w.process.as_mut().unwrap().terminate()?;
     ensure!(
@@ -989,7 +560,7 @@ async fn sigterm_lets_in_flight_work_finish(cp: Arc<ControlPlane>) -> anyhow::Re
 async fn deleting_a_bound_pv_keeps_its_storage_until_the_claim_goes(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "bound-pv-delete", "scripted").await?;
+    let mut w = World::new(cp, SUITE, "bound-pv-delete", "scripted").await?;
     w.start(&["--add-pv-finalizer"])?;
     let class = w.class("c").create().await?;
     w.claim("data").class(&class).create().await?;
@@ -1030,7 +601,7 @@ async fn deleting_a_bound_pv_keeps_its_storage_until_the_claim_goes(
 async fn a_refused_claim_can_be_deleted_after_uninstall(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp, "refused-uninstall", "scripted").await?;
+    let mut w = World::new(cp, SUITE, "refused-uninstall", "scripted").await?;
     w.start(&[
         "--failed-provision-threshold",
         "1",
@@ -1057,7 +628,7 @@ async fn a_refused_claim_can_be_deleted_after_uninstall(
 async fn release_finalizers_unblocks_claims_after_uninstall(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp.clone(), "release", "scripted").await?;
+    let mut w = World::new(cp.clone(), SUITE, "release", "scripted").await?;
     w.start(&["--intent-record=claim-finalizer"])?;
     let class = w.class("flaky").param("fail", "transient").create().await?;
     w.claim("data").class(&class).create().await?;
@@ -1115,13 +686,6 @@ fn main() -> std::process::ExitCode {
             transient_failures_are_retried_until_success,
             a_denied_pv_create_cleans_up_the_storage,
             a_claim_deleted_while_the_guest_works_leaves_nothing,
-            killed_between_guest_and_pv_create_ends_with_one_pv,
-            killed_mid_call_then_claim_deleted_while_down_keeps_its_storage_and_says_so,
-            retain_then_delete_keeps_the_storage,
-            a_namesake_claims_storage_survives_recovery_of_the_old_claim,
-            killed_during_a_storage_delete_the_next_process_finishes_it,
-            a_kill_loop_during_200_deletes_leaves_no_storage,
-            killed_then_claim_deleted_while_down_with_claim_finalizer,
             claims_with_the_same_name_over_time_get_their_own_volumes,
             claims_for_other_provisioners_are_never_touched,
             wait_for_first_consumer_waits_for_the_selected_node,

@@ -9,6 +9,7 @@
 pub mod e2e;
 pub mod locks;
 pub mod suite;
+pub mod world;
 
 use std::path::{Path, PathBuf};
 use std::sync::Once;
