@@ -570,6 +570,113 @@ impl RunArgs {
 mod tests {
     use super::*;
 
+    /// Every `run` flag as users, docs and deploy/ see it: long name, short name, environment
+    /// variable, default, the value a bare flag takes, arity, accepted values, hidden or not.
+    fn run_flags() -> String {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        cli.build();
+        let run = cli.find_subcommand("run").expect("run");
+        let text = |values: &[&std::ffi::OsStr]| {
+            values
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        // clap has no getter for `default_missing_value`; its Debug output carries it.
+        let bare_value = |arg: &clap::Arg| {
+            let debug = format!("{arg:?}");
+            debug
+                .split_once("default_missing_vals: [")
+                .and_then(|(_, rest)| rest.split_once(']'))
+                .map(|(values, _)| values.replace('"', ""))
+                .unwrap_or_default()
+        };
+        let mut rows: Vec<String> = run
+            .get_arguments()
+            .filter_map(|arg| {
+                let long = arg.get_long()?;
+                let possible: Vec<String> = arg
+                    .get_possible_values()
+                    .iter()
+                    .map(|v| v.get_name().to_string())
+                    .collect();
+                Some(format!(
+                    "--{long} short={:?} env={:?} default=[{}] bare=[{}] num_args={:?} action={:?} values=[{}] value_names={:?} hidden={} required={}",
+                    arg.get_short(),
+                    arg.get_env().map(|e| e.to_string_lossy().into_owned()),
+                    text(&arg.get_default_values().iter().map(|v| v.as_os_str()).collect::<Vec<_>>()),
+                    bare_value(arg),
+                    arg.get_num_args(),
+                    arg.get_action(),
+                    possible.join(","),
+                    arg.get_value_names(),
+                    arg.is_hide_set(),
+                    arg.is_required_set(),
+                ))
+            })
+            .collect();
+        rows.sort();
+        rows.join("\n")
+    }
+
+    #[test]
+    fn run_flags_keep_their_names_defaults_and_syntax() {
+        let flags = run_flags();
+        assert_eq!(flags, RUN_FLAGS.trim(), "\n{flags}\n");
+    }
+
+    /// `run`'s flags before they were grouped (issue 33): deploy/, docs and users depend on them.
+    const RUN_FLAGS: &str = r#"
+--add-pv-finalizer short=None env=None default=[true] bare=[true] num_args=Some(0..=1) action=Set values=[true,false] value_names=Some(["ADD_PV_FINALIZER"]) hidden=false required=false
+--cache-whole-objects short=None env=None default=[false] bare=[true] num_args=Some(0) action=SetTrue values=[] value_names=Some(["CACHE_WHOLE_OBJECTS"]) hidden=true required=false
+--claim-finalizer short=None env=None default=[true] bare=[true] num_args=Some(0..=1) action=Set values=[true,false] value_names=Some(["CLAIM_FINALIZER"]) hidden=true required=false
+--compile-cpu-seconds short=None env=Some("WP_COMPILE_CPU_SECONDS") default=[60] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["COMPILE_CPU_SECONDS"]) hidden=false required=false
+--compile-memory-mib short=None env=Some("WP_COMPILE_MEMORY_MIB") default=[1024] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["COMPILE_MEMORY_MIB"]) hidden=false required=false
+--create-pv-retry-count short=None env=None default=[5] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["CREATE_PV_RETRY_COUNT"]) hidden=false required=false
+--create-pv-retry-interval short=None env=None default=[10s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["CREATE_PV_RETRY_INTERVAL"]) hidden=false required=false
+--delete-timeout short=None env=None default=[5m] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["DELETE_TIMEOUT"]) hidden=false required=false
+--failed-delete-threshold short=None env=None default=[15] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["FAILED_DELETE_THRESHOLD"]) hidden=false required=false
+--failed-provision-threshold short=None env=None default=[15] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["FAILED_PROVISION_THRESHOLD"]) hidden=false required=false
+--guest-nice short=None env=None default=[10] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["GUEST_NICE"]) hidden=false required=false
+--guest-threads short=None env=None default=[] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["GUEST_THREADS"]) hidden=false required=false
+--help short=Some('h') env=None default=[] bare=[] num_args=Some(0) action=Help values=[] value_names=None hidden=false required=false
+--instance-name short=None env=Some("POD_NAME") default=[] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["INSTANCE_NAME"]) hidden=false required=false
+--intent-record short=None env=None default=[log] bare=[] num_args=Some(1) action=Set values=[log,claim-finalizer,off] value_names=Some(["INTENT_RECORD"]) hidden=false required=false
+--kube-api-burst short=None env=None default=[100] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["KUBE_API_BURST"]) hidden=false required=false
+--kube-api-qps short=None env=None default=[50] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["KUBE_API_QPS"]) hidden=false required=false
+--kubeconfig short=None env=Some("KUBECONFIG") default=[] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["KUBECONFIG"]) hidden=false required=false
+--kubelet-dir short=None env=Some("KUBELET_DIR") default=[/var/lib/kubelet] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["KUBELET_DIR"]) hidden=false required=false
+--leader-election short=None env=None default=[true] bare=[true] num_args=Some(0..=1) action=Set values=[true,false] value_names=Some(["LEADER_ELECTION"]) hidden=false required=false
+--leader-election-lease-duration short=None env=None default=[15s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["LEADER_ELECTION_LEASE_DURATION"]) hidden=false required=false
+--leader-election-lease-name short=None env=None default=[] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["LEADER_ELECTION_LEASE_NAME"]) hidden=false required=false
+--leader-election-mode short=None env=None default=[leader] bare=[] num_args=Some(1) action=Set values=[leader,per-claim] value_names=Some(["LEADER_ELECTION_MODE"]) hidden=false required=false
+--leader-election-namespace short=None env=Some("POD_NAMESPACE") default=[] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["LEADER_ELECTION_NAMESPACE"]) hidden=false required=false
+--leader-election-renew-deadline short=None env=None default=[10s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["LEADER_ELECTION_RENEW_DEADLINE"]) hidden=false required=false
+--leader-election-retry-period short=None env=None default=[2s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["LEADER_ELECTION_RETRY_PERIOD"]) hidden=false required=false
+--log-format short=None env=Some("WP_LOG_FORMAT") default=[text] bare=[] num_args=Some(1) action=Set values=[text,json] value_names=Some(["LOG_FORMAT"]) hidden=false required=false
+--metrics-address short=None env=None default=[] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["METRICS_ADDRESS"]) hidden=false required=false
+--metrics-path short=None env=None default=[/metrics] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["METRICS_PATH"]) hidden=false required=false
+--module-cache short=None env=Some("WP_MODULE_CACHE") default=[] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["MODULE_CACHE"]) hidden=false required=false
+--node-deployment short=None env=None default=[false] bare=[true] num_args=Some(0) action=SetTrue values=[] value_names=Some(["NODE_DEPLOYMENT"]) hidden=false required=false
+--node-deployment-base-delay short=None env=None default=[20s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["NODE_DEPLOYMENT_BASE_DELAY"]) hidden=false required=false
+--node-deployment-immediate-binding short=None env=None default=[true] bare=[] num_args=Some(1) action=Set values=[true,false] value_names=Some(["NODE_DEPLOYMENT_IMMEDIATE_BINDING"]) hidden=false required=false
+--node-deployment-max-delay short=None env=None default=[60s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["NODE_DEPLOYMENT_MAX_DELAY"]) hidden=false required=false
+--node-gone-grace short=None env=None default=[5m] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["NODE_GONE_GRACE"]) hidden=false required=false
+--node-name short=None env=Some("NODE_NAME") default=[] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["NODE_NAME"]) hidden=false required=false
+--plugins short=None env=Some("WP_PLUGINS") default=[] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["PLUGINS"]) hidden=false required=true
+--plugins-debounce short=None env=None default=[500ms] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["PLUGINS_DEBOUNCE"]) hidden=false required=false
+--plugins-rescan-interval short=None env=None default=[30s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["PLUGINS_RESCAN_INTERVAL"]) hidden=false required=false
+--pooling short=None env=None default=[auto] bare=[] num_args=Some(1) action=Set values=[auto,on,off] value_names=Some(["POOLING"]) hidden=false required=false
+--provision-timeout short=None env=None default=[5m] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["PROVISION_TIMEOUT"]) hidden=false required=false
+--resync-period short=None env=None default=[15m] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["RESYNC_PERIOD"]) hidden=false required=false
+--retry-interval-max short=None env=None default=[1000s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["RETRY_INTERVAL_MAX"]) hidden=false required=false
+--retry-interval-start short=None env=None default=[15s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["RETRY_INTERVAL_START"]) hidden=false required=false
+--shutdown-grace short=None env=None default=[30s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["SHUTDOWN_GRACE"]) hidden=false required=false
+--worker-threads short=None env=None default=[4] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["WORKER_THREADS"]) hidden=false required=false
+"#;
+
     #[test]
     fn boolean_flags_take_a_bare_form_and_a_value() {
         let parse = |extra: &[&str]| {
