@@ -1,14 +1,20 @@
 //! The command line: parsed once here into typed settings; nothing deeper reads the environment.
+//! `run`'s flags are in [`run_flags`], grouped as `run --help` shows them; [`settings`] checks
+//! them and turns them into what the controller runs with.
+
+mod run_flags;
+mod settings;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::controller::gate::{ElectionSettings, Mode};
-use crate::controller::leader::Timing;
-use crate::controller::node::NodeSettings;
-use crate::controller::{IntentRecord, Settings};
+pub use run_flags::{
+    ApiClientArgs, ControllerArgs, ElectionArgs, ElectionMode, GuestArgs, IntentArgs, IntentMode,
+    MetricsArgs, NodeArgs, RetryArgs, RunArgs,
+};
+pub use settings::ConfigError;
 
 /// A Kubernetes dynamic volume provisioner whose storage logic is WebAssembly components.
 #[derive(Debug, Parser)]
@@ -123,154 +129,6 @@ pub struct ReleaseArgs {
     pub dry_run: bool,
 }
 
-/// `wasm-provisioner run`.
-#[derive(Debug, Args)]
-pub struct RunArgs {
-    /// Directory holding `NAME.wasm` guests and their `NAME.toml` grant files.
-    #[arg(long, env = "WP_PLUGINS")]
-    pub plugins: PathBuf,
-    /// Kubeconfig file; without it the in-cluster config or ~/.kube/config is used.
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Client-side API requests per second (watches excluded). Answers of 429 (API Priority and
-    /// Fairness) and 503/504 are retried after their Retry-After, with exponential backoff.
-    #[arg(long, default_value_t = 50.0)]
-    pub kube_api_qps: f64,
-    /// Client-side API request burst.
-    #[arg(long, default_value_t = 100)]
-    pub kube_api_burst: u32,
-    /// Concurrent claim reconciles, and as many volume reconciles.
-    #[arg(long, default_value_t = 4)]
-    pub worker_threads: u16,
-    /// First retry delay after a failure; doubles per failure.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
-    pub retry_interval_start: Duration,
-    /// Largest retry delay.
-    #[arg(long, default_value = "1000s", value_parser = parse_duration)]
-    pub retry_interval_max: Duration,
-    /// How often every claim and volume is reconciled again.
-    #[arg(long, default_value = "15m", value_parser = parse_duration)]
-    pub resync_period: Duration,
-    /// Bound on one provision operation (guest call and API writes).
-    #[arg(long, default_value = "5m", value_parser = parse_duration)]
-    pub provision_timeout: Duration,
-    /// Bound on one delete operation.
-    #[arg(long, default_value = "5m", value_parser = parse_duration)]
-    pub delete_timeout: Duration,
-    /// Provision failures before a claim is given up until its spec changes (0 = never).
-    #[arg(long, default_value_t = 15)]
-    pub failed_provision_threshold: u32,
-    /// Delete failures before a volume is given up until its spec changes (0 = never).
-    #[arg(long, default_value_t = 15)]
-    pub failed_delete_threshold: u32,
-    /// Attempts to create a provisioned PV object before deleting its storage again.
-    #[arg(long, default_value_t = 5)]
-    pub create_pv_retry_count: u32,
-    /// Pause between those attempts.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub create_pv_retry_interval: Duration,
-    /// Hold PVs with the Delete policy with `external-provisioner.volume.kubernetes.io/finalizer`
-    /// (set when the PV is created) until their storage is deleted: the PV, marked deleted with
-    /// our finalizer on it, is the record that survives a kill between its DELETE and the
-    /// storage delete. `--add-pv-finalizer=false` deletes the storage first and the PV after,
-    /// as the Go library does without it.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub add_pv_finalizer: bool,
-    /// How the intent to provision is recorded before a guest is called, so a claim deleted
-    /// mid-provision or a crash cannot leak storage: `log` (one batched ConfigMap per replica,
-    /// about one API write per claim), `claim-finalizer` (wasm-provisioner.dev/provisioning on
-    /// the claim, two more writes per claim; always used in per-claim and node modes) or `off`.
-    #[arg(long, value_enum, default_value_t = IntentMode::Log)]
-    pub intent_record: IntentMode,
-    /// `--claim-finalizer=false` is `--intent-record=off` (kept for existing deployments).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", hide = true)]
-    pub claim_finalizer: bool,
-    /// Keep every claim and PV whole in the caches, as an informer does (for comparisons; by
-    /// default settled ones are kept as their identity only).
-    #[arg(long, default_value_t = false, hide = true)]
-    pub cache_whole_objects: bool,
-    /// How long in-flight work may take to finish after SIGTERM.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    pub shutdown_grace: Duration,
-    /// This replica's name in events.
-    #[arg(long, env = "POD_NAME")]
-    pub instance_name: Option<String>,
-    /// Elect a leader among replicas (`--leader-election=false` for a single replica).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub leader_election: bool,
-    /// `leader`: one replica works, the others stand by; `per-claim`: all work, one lease per claim/volume.
-    #[arg(long, value_enum, default_value_t = ElectionMode::Leader)]
-    pub leader_election_mode: ElectionMode,
-    /// Namespace of the leases and the intent log [default: $POD_NAMESPACE, else the service account's, else `default`].
-    #[arg(long, env = "POD_NAMESPACE")]
-    pub leader_election_namespace: Option<String>,
-    /// Name of the leader lease (and prefix of per-claim leases) [default: the binary's name].
-    #[arg(long)]
-    pub leader_election_lease_name: Option<String>,
-    /// How long a lease stays valid for others after its holder last renewed it.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
-    pub leader_election_lease_duration: Duration,
-    /// How long the holder keeps writing without a successful renew.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub leader_election_renew_deadline: Duration,
-    /// How often the holder renews and candidates retry.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
-    pub leader_election_retry_period: Duration,
-    /// Serve Prometheus metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:8080); off when unset.
-    #[arg(long)]
-    pub metrics_address: Option<std::net::SocketAddr>,
-    /// Path of the metrics endpoint.
-    #[arg(long, default_value = "/metrics", value_parser = parse_http_path)]
-    pub metrics_path: String,
-    /// Directory for compiled guests (native code), keyed by module hash and engine; must not
-    /// be, contain or lie inside the plugins directory. Without it every start compiles.
-    #[arg(long, env = "WP_MODULE_CACHE")]
-    pub module_cache: Option<PathBuf>,
-    /// Instance allocation: `auto` uses the pooling allocator when the address space allows it.
-    #[arg(long, value_enum, default_value_t = crate::wasm::Pooling::Auto)]
-    pub pooling: crate::wasm::Pooling,
-    /// Threads that run guest code, apart from the controller's own (default: one per CPU).
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
-    pub guest_threads: Option<u16>,
-    /// How much nicer (lower CPU priority) guest threads are than the controller, 0..=19: a
-    /// guest spinning until its deadline then never delays watches, reconciles or lease renewals.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i32).range(0..=19))]
-    pub guest_nice: i32,
-    /// The compiler child's limits.
-    #[command(flatten)]
-    pub compile: CompileArgs,
-    /// The kubelet's directory as this process sees it: a read-write grant directory on its
-    /// filesystem (or on that of `/` or the container runtime's) loads with a warning
-    /// (docs/threat-model.md, "Disk"). In a container the kubelet's own mounts tell it too.
-    #[arg(long, env = "KUBELET_DIR", default_value = crate::wasm::nodefs::DEFAULT_KUBELET_DIR)]
-    pub kubelet_dir: PathBuf,
-    /// Full rescan of the plugins directory this often, on top of file-change events.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    pub plugins_rescan_interval: Duration,
-    /// Quiet time after a change in the plugins directory before it is loaded (partial writes).
-    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
-    pub plugins_debounce: Duration,
-    /// One instance per node: provision only claims whose selected node is --node-name, delete
-    /// only PVs pinned to it. Turns `leader` election off (per-claim mode stays available).
-    #[arg(long, default_value_t = false)]
-    pub node_deployment: bool,
-    /// This instance's node (--node-deployment).
-    #[arg(long, env = "NODE_NAME", required_if_eq("node_deployment", "true"), value_parser = parse_node_name)]
-    pub node_name: Option<String>,
-    /// Shortest wait before a node instance competes for an immediate-binding claim.
-    #[arg(long, default_value = "20s", value_parser = parse_duration)]
-    pub node_deployment_base_delay: Duration,
-    /// Longest such wait (the actual wait is random in between).
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
-    pub node_deployment_max_delay: Duration,
-    /// Let node instances pick a node for immediate-binding claims (a class can still opt out).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    pub node_deployment_immediate_binding: bool,
-    /// How long a Released PV's node must be gone before the PV is deleted without cleanup.
-    #[arg(long, default_value = "5m", value_parser = parse_duration)]
-    pub node_gone_grace: Duration,
-}
-
 /// A node name: a non-empty DNS subdomain (lower-case alphanumerics, `-` and `.`).
 fn parse_node_name(text: &str) -> Result<String, String> {
     let ok = !text.is_empty()
@@ -287,68 +145,6 @@ fn parse_node_name(text: &str) -> Result<String, String> {
             "{text:?} is not a node name (a DNS subdomain: a-z, 0-9, '-', '.')"
         ))
     }
-}
-
-/// `--intent-record`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum IntentMode {
-    /// One batched intent log (ConfigMap) per replica.
-    Log,
-    /// A finalizer on each claim.
-    ClaimFinalizer,
-    /// No intent record.
-    Off,
-}
-
-/// `--leader-election-mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ElectionMode {
-    /// One lease for the whole controller.
-    Leader,
-    /// One short-lived lease per claim and per volume (the 2017 seed's active-active mode).
-    PerClaim,
-}
-
-/// Where a pod's service account namespace is mounted.
-const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
-
-/// A Lease name from the binary's file name: lower-case, anything else than `[a-z0-9.-]` as `-`.
-fn lease_name_from_binary() -> String {
-    let name: String = std::env::args_os()
-        .next()
-        .and_then(|arg0| {
-            PathBuf::from(arg0)
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-        })
-        .unwrap_or_default()
-        .to_ascii_lowercase()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    let name = name.trim_matches(|c: char| !c.is_ascii_alphanumeric());
-    if name.is_empty() {
-        "wasm-provisioner".into()
-    } else {
-        name.chars().take(63).collect()
-    }
-}
-
-/// This replica's identity in lease records: host name, `_`, a random suffix (as client-go).
-fn election_identity() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown-host".into());
-    format!("{host}_{:016x}", rand::random::<u64>())
 }
 
 /// An HTTP path must start with `/` and may not be a health path.
@@ -452,123 +248,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
-impl RunArgs {
-    /// How the wasm engine is built.
-    pub fn engine_options(&self) -> crate::wasm::EngineOptions {
-        crate::wasm::EngineOptions {
-            pooling: self.pooling,
-            module_cache: self.module_cache.clone(),
-            executor: Some(crate::wasm::executor::ExecutorOptions {
-                threads: self.guest_threads.map_or_else(
-                    || crate::wasm::executor::ExecutorOptions::default().threads,
-                    usize::from,
-                ),
-                nice: self.guest_nice,
-            }),
-            compiler: self.compile.limits(),
-        }
-    }
-
-    /// How the plugins directory is watched.
-    pub fn watch_options(&self) -> crate::wasm::reload::WatchOptions {
-        crate::wasm::reload::WatchOptions {
-            rescan: self.plugins_rescan_interval.max(Duration::from_secs(1)),
-            debounce: self.plugins_debounce,
-        }
-    }
-
-    /// The controller settings these flags describe.
-    pub fn settings(&self) -> Settings {
-        Settings {
-            worker_threads: self.worker_threads.max(1),
-            retry_interval_start: self.retry_interval_start,
-            retry_interval_max: self.retry_interval_max.max(self.retry_interval_start),
-            resync_period: self.resync_period.max(Duration::from_secs(1)),
-            failed_provision_threshold: self.failed_provision_threshold,
-            failed_delete_threshold: self.failed_delete_threshold,
-            create_pv_retry_count: self.create_pv_retry_count.max(1),
-            create_pv_retry_interval: self.create_pv_retry_interval,
-            provision_timeout: self.provision_timeout,
-            delete_timeout: self.delete_timeout,
-            add_pv_finalizer: self.add_pv_finalizer,
-            cache_whole_objects: self.cache_whole_objects,
-            intent: self.intent(),
-            kube_api_qps: self.kube_api_qps,
-            kube_api_burst: self.kube_api_burst,
-            shutdown_grace: self.shutdown_grace,
-            reporter: "wasm-provisioner".into(),
-            instance: self.instance_name.clone(),
-            election: self.election(),
-            node: self.node_settings(),
-        }
-    }
-
-    fn intent(&self) -> IntentRecord {
-        // Where every replica works at once, one replica's log cannot tell another's claims in
-        // flight from abandoned ones: the claim itself carries the intent there.
-        let shared = self.node_deployment
-            || (self.leader_election && self.leader_election_mode == ElectionMode::PerClaim);
-        match (self.claim_finalizer, self.intent_record) {
-            (false, _) | (_, IntentMode::Off) => IntentRecord::Off,
-            (true, IntentMode::ClaimFinalizer) => IntentRecord::ClaimFinalizer,
-            (true, IntentMode::Log) if shared => IntentRecord::ClaimFinalizer,
-            (true, IntentMode::Log) => IntentRecord::Log,
-        }
-    }
-
-    fn node_settings(&self) -> Option<NodeSettings> {
-        if !self.node_deployment {
-            return None;
-        }
-        Some(NodeSettings {
-            // clap requires --node-name (or NODE_NAME) with --node-deployment.
-            name: self.node_name.clone().unwrap_or_default(),
-            base_delay: self.node_deployment_base_delay,
-            max_delay: self
-                .node_deployment_max_delay
-                .max(self.node_deployment_base_delay),
-            immediate_binding: self.node_deployment_immediate_binding,
-            gone_grace: self.node_gone_grace,
-        })
-    }
-
-    fn election(&self) -> ElectionSettings {
-        let namespace = self
-            .leader_election_namespace
-            .clone()
-            .or_else(|| {
-                std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
-                    .ok()
-                    .map(|ns| ns.trim().to_string())
-            })
-            .filter(|ns| !ns.is_empty())
-            .unwrap_or_else(|| "default".into());
-        let identity = election_identity();
-        ElectionSettings {
-            mode: match (self.leader_election, self.leader_election_mode) {
-                (false, _) => Mode::Off,
-                (true, ElectionMode::Leader) => Mode::Leader,
-                (true, ElectionMode::PerClaim) => Mode::PerClaim,
-            },
-            namespace,
-            lease_name: self
-                .leader_election_lease_name
-                .clone()
-                .unwrap_or_else(lease_name_from_binary),
-            identity: identity.clone(),
-            log_identity: self.instance_name.clone().unwrap_or(identity),
-            timing: Timing {
-                lease_duration: self.leader_election_lease_duration,
-                renew_deadline: self.leader_election_renew_deadline,
-                retry_period: self.leader_election_retry_period,
-            },
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::gate::Mode;
+    use crate::controller::leader::Timing;
 
     /// Every `run` flag as users, docs and deploy/ see it: long name, short name, environment
     /// variable, default, the value a bare flag takes, arity, accepted values, hidden or not.
@@ -685,7 +369,7 @@ mod tests {
             let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
                 panic!("run")
             };
-            (args.leader_election, args.claim_finalizer)
+            (args.election.leader_election, args.intent.claim_finalizer)
         };
         assert_eq!(parse(&[]), (true, true));
         assert_eq!(
@@ -715,13 +399,13 @@ mod tests {
         let Command::Run(args) = cli.command else {
             panic!("run")
         };
-        let s = args.settings();
-        assert_eq!(s.worker_threads, 4);
+        let s = args.settings().unwrap();
+        assert_eq!(s.worker_threads.get(), 4);
         assert_eq!(s.retry_interval_start, Duration::from_secs(15));
         assert_eq!(s.retry_interval_max, Duration::from_secs(1000));
         assert_eq!(s.resync_period, Duration::from_secs(900));
         assert_eq!(s.failed_provision_threshold, 15);
-        assert_eq!(s.create_pv_retry_count, 5);
+        assert_eq!(s.create_pv_retry_count.get(), 5);
         assert_eq!(s.create_pv_retry_interval, Duration::from_secs(10));
         assert_eq!(s.election.mode, Mode::Leader);
         assert_eq!(s.election.timing, Timing::default());
@@ -743,12 +427,15 @@ mod tests {
             "wp-a",
             "--leader-election-lease-duration",
             "4s",
+            // A lease this short needs a shorter renew deadline than the default 10s.
+            "--leader-election-renew-deadline",
+            "3s",
         ])
         .unwrap();
         let Command::Run(args) = cli.command else {
             panic!("run")
         };
-        let e = args.settings().election;
+        let e = args.settings().unwrap().election;
         assert_eq!(e.mode, Mode::PerClaim);
         assert_eq!(
             (e.namespace.as_str(), e.lease_name.as_str()),
@@ -766,7 +453,7 @@ mod tests {
         let Command::Run(args) = off.command else {
             panic!("run")
         };
-        assert_eq!(args.settings().election.mode, Mode::Off);
+        assert_eq!(args.settings().unwrap().election.mode, Mode::Off);
         // Bare, as deploy/deployment.yaml passes it, followed by another flag.
         let bare = Cli::try_parse_from([
             "wasm-provisioner",
@@ -781,8 +468,8 @@ mod tests {
         let Command::Run(args) = bare.command else {
             panic!("run")
         };
-        assert_eq!(args.settings().election.mode, Mode::Leader);
-        assert_eq!(args.settings().election.namespace, "ops");
+        assert_eq!(args.settings().unwrap().election.mode, Mode::Leader);
+        assert_eq!(args.settings().unwrap().election.namespace, "ops");
     }
 
     #[test]
@@ -795,7 +482,7 @@ mod tests {
         let Command::Run(args) = parse(&[]).unwrap().command else {
             panic!("run")
         };
-        assert_eq!(args.settings().node, None);
+        assert_eq!(args.settings().unwrap().node, None);
         // Without NODE_NAME in the environment, --node-deployment alone is an error.
         if std::env::var_os("NODE_NAME").is_none() {
             let error = parse(&["--node-deployment"]).unwrap_err().to_string();
@@ -816,7 +503,7 @@ mod tests {
         else {
             panic!("run")
         };
-        let node = args.settings().node.unwrap();
+        let node = args.settings().unwrap().node.unwrap();
         assert_eq!(node.name, "n1.example");
         assert_eq!(node.base_delay, Duration::from_secs(2));
         // A max below the base is raised to it.
