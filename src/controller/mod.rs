@@ -21,6 +21,7 @@ pub mod node;
 pub mod plan;
 pub mod ratelimit;
 pub mod relist;
+pub mod slim;
 mod start;
 pub mod storage;
 pub mod volumes;
@@ -43,7 +44,8 @@ use inflight::Turns;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use ratelimit::RateLimiter;
 
-pub use start::{run, run_watching, slim};
+pub use slim::slim;
+pub use start::{run, run_watching};
 
 /// Settles what the intent logs hold for claims that are gone (see [`storage::intent`]); the controller
 /// runs it periodically while it leads. Returns how many entries were settled.

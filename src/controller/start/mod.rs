@@ -22,10 +22,10 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::cache::{self, CachedVolume};
 use super::claim_watch::{ClaimKeeping, claim_watch};
+use super::slim::slim;
 use super::{Caches, Context, Settings, claims, gate, node, volumes};
 use crate::metrics::Metrics;
 use crate::wasm::Plugins;
-pub use watches::slim;
 
 /// The long-lived tasks: if one ends, the process is no longer whole, and it exits.
 type Supervised = JoinSet<&'static str>;
