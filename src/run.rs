@@ -18,6 +18,8 @@ use crate::wasm::reload::{self, Loader};
 /// Runs until SIGTERM or SIGINT, then stops taking work and exits once in-flight work is done.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    // Refused before anything starts: a bad value is named at once, not after guests compiled.
+    let settings = args.settings()?;
     match crate::wasm::sandbox_fs::raise_nofile_limit() {
         Ok((before, after)) if before != after => {
             tracing::info!(
@@ -35,21 +37,22 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         Err(error) => tracing::warn!(%error, "cannot raise the open-file limit (RLIMIT_NOFILE)"),
     }
     let metrics = Metrics::new();
-    if let Some(address) = args.metrics_address {
+    if let Some(address) = args.metrics.metrics_address {
         // Up before the guests load, so liveness answers while readiness still says no.
-        let server = http::Server::bind(address, &args.metrics_path, metrics.clone()).await?;
-        tracing::info!(address = ?server.local_addr(), path = %args.metrics_path, "serving metrics, /healthz and /readyz");
+        let server =
+            http::Server::bind(address, &args.metrics.metrics_path, metrics.clone()).await?;
+        tracing::info!(address = ?server.local_addr(), path = %args.metrics.metrics_path, "serving metrics, /healthz and /readyz");
         tokio::spawn(server.run());
     }
     let engine = WasmEngine::with_options(&args.engine_options())?
         .with_metrics(metrics.clone())
-        .with_node_filesystems(NodeFilesystems::probe(&args.kubelet_dir));
+        .with_node_filesystems(NodeFilesystems::probe(&args.guests.kubelet_dir));
     if let Some(cache) = engine.module_cache() {
-        cache.check_separate_from(&args.plugins)?;
+        cache.check_separate_from(&args.guests.plugins)?;
     }
     // The first scan compiles nothing: guests in the module cache serve at once, the rest are
     // compiled in the background (one at a time) and serve as each is ready.
-    let mut loader = Loader::new(engine.clone(), args.plugins.clone())
+    let mut loader = Loader::new(engine.clone(), args.guests.plugins.clone())
         .compiling_in_background()
         .context("cannot start the compiler thread")?;
     let (loader, scan) = tokio::task::spawn_blocking(move || {
@@ -67,7 +70,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut tried = PluginsTried::new(started, engine.clone());
     tried.note(&plugins);
     if plugins.is_empty() && plugins.compiling() == 0 {
-        tracing::warn!(dir = %args.plugins.display(), "no guest loaded yet; the directory is watched");
+        tracing::warn!(dir = %args.guests.plugins.display(), "no guest loaded yet; the directory is watched");
     }
     let stats = loader.stats();
     let plugin_totals = move || {
@@ -83,15 +86,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let _ = plugins_tx.send(plugins);
     })
     .context("cannot start watching the plugins directory")?;
-    let client = client(args.kubeconfig.as_deref()).await?;
-    controller::run_watching(
-        client,
-        plugins_rx,
-        args.settings(),
-        metrics,
-        shutdown_signal(),
-    )
-    .await
+    let client = client(args.api.kubeconfig.as_deref()).await?;
+    controller::run_watching(client, plugins_rx, settings, metrics, shutdown_signal()).await
 }
 
 /// Logs `plugins ready` once every module found at start was tried once (served or refused),

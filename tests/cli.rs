@@ -245,3 +245,18 @@ fn provision_reports_guest_errors_and_unserved_classes() {
         text(&out.stderr)
     );
 }
+
+/// `run` refuses a value out of its range at start, before it loads a guest or reaches a cluster,
+/// naming the flag and the range (they were once raised to 1 without a word).
+#[test]
+fn run_refuses_out_of_range_values_at_start() {
+    for flag in ["--worker-threads", "--create-pv-retry-count"] {
+        let out = wasm_provisioner(&["run", "--plugins", "/nonexistent", flag, "0"]);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{flag}: {stderr}");
+        assert!(
+            stderr.contains(&format!("error: {flag} must be at least 1 (1..=")),
+            "{flag}: {stderr}"
+        );
+    }
+}

@@ -25,7 +25,7 @@ use tokio::sync::watch;
 
 use super::cache::claim_settled;
 use super::decide::{self, FINALIZER_CLAIM, has_finalizer};
-use super::start::slim;
+use super::slim::slim;
 use crate::wasm::{Availability, Plugins};
 
 /// What the claim cache does with a claim.

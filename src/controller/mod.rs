@@ -21,10 +21,12 @@ pub mod node;
 pub mod plan;
 pub mod ratelimit;
 pub mod relist;
+pub mod slim;
 mod start;
 pub mod storage;
 pub mod volumes;
 
+use std::num::{NonZeroU16, NonZeroU32};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -42,7 +44,8 @@ use inflight::Turns;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use ratelimit::RateLimiter;
 
-pub use start::{run, run_watching, slim};
+pub use slim::slim;
+pub use start::{run, run_watching};
 
 /// Settles what the intent logs hold for claims that are gone (see [`storage::intent`]); the controller
 /// runs it periodically while it leads. Returns how many entries were settled.
@@ -56,10 +59,10 @@ pub async fn recover_intents(ctx: &Context) -> Result<usize, kube::Error> {
 }
 
 /// Everything the controller is told by the command line, parsed and validated.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
-    /// Concurrent reconciles per controller (claims and volumes each).
-    pub worker_threads: u16,
+    /// Concurrent reconciles per controller (claims and volumes each); none could never run.
+    pub worker_threads: NonZeroU16,
     /// First retry delay after a failure.
     pub retry_interval_start: Duration,
     /// Largest retry delay.
@@ -70,8 +73,9 @@ pub struct Settings {
     pub failed_provision_threshold: u32,
     /// Delete failures before a volume is given up (0 = never).
     pub failed_delete_threshold: u32,
-    /// Attempts to create a PV object before its storage is cleaned up.
-    pub create_pv_retry_count: u32,
+    /// Attempts to create a PV object before its storage is cleaned up (and attempts at that
+    /// cleanup); with none a provisioned PV would never be saved.
+    pub create_pv_retry_count: NonZeroU32,
     /// Pause between those attempts.
     pub create_pv_retry_interval: Duration,
     /// Bound on one provision operation, guest call and API writes included.
@@ -104,13 +108,13 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            worker_threads: 4,
+            worker_threads: NonZeroU16::new(4).expect("4 is not zero"),
             retry_interval_start: Duration::from_secs(15),
             retry_interval_max: Duration::from_secs(1000),
             resync_period: Duration::from_secs(15 * 60),
             failed_provision_threshold: 15,
             failed_delete_threshold: 15,
-            create_pv_retry_count: 5,
+            create_pv_retry_count: NonZeroU32::new(5).expect("5 is not zero"),
             create_pv_retry_interval: Duration::from_secs(10),
             provision_timeout: Duration::from_secs(300),
             delete_timeout: Duration::from_secs(300),
@@ -218,7 +222,7 @@ impl Context {
                 api_rate.clone(),
             ))
         });
-        let turns = Turns::new(settings.worker_threads);
+        let turns = Turns::new(settings.worker_threads.get());
         Context {
             election: Arc::new(gate::Election::new(&client, &settings.election)),
             client,

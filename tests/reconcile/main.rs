@@ -75,10 +75,10 @@ struct World {
 fn settings() -> Settings {
     let mut settings = Settings {
         failed_provision_threshold: 3,
-        create_pv_retry_count: 1,
+        create_pv_retry_count: std::num::NonZeroU32::MIN,
         // These tests reconcile claims themselves, many at once, with no controller to wake a
         // parked one: a class gets 15 turns (its guest has 16 slots unless a test says).
-        worker_threads: 16,
+        worker_threads: std::num::NonZeroU16::new(16).expect("16 is not zero"),
         ..Settings::default()
     };
     settings.election.mode = Mode::Off;

@@ -29,7 +29,7 @@ pub(super) async fn save_pv(
 ) -> Result<Done, ClaimError> {
     let ctx = handle.ctx();
     let pv_name = pv.name_any();
-    let attempts = ctx.settings.create_pv_retry_count.max(1);
+    let attempts = ctx.settings.create_pv_retry_count.get();
     let mut outcome = PvCreated::Created;
     for attempt in 1..=attempts {
         outcome = handle.create_pv(pv).await?;
@@ -213,7 +213,7 @@ async fn delete_storage_with_retries(
     class: Option<&StorageClass>,
 ) -> Result<Cleanup, GateError> {
     let ctx = handle.ctx();
-    let attempts = ctx.settings.create_pv_retry_count.max(1);
+    let attempts = ctx.settings.create_pv_retry_count.get();
     let mut attempt = 1;
     loop {
         match handle.guest(storage::delete(guest, pv, class)).await? {

@@ -22,10 +22,10 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::cache::{self, CachedVolume};
 use super::claim_watch::{ClaimKeeping, claim_watch};
+use super::slim::slim;
 use super::{Caches, Context, Settings, claims, gate, node, volumes};
 use crate::metrics::Metrics;
 use crate::wasm::Plugins;
-pub use watches::slim;
 
 /// The long-lived tasks: if one ends, the process is no longer whole, and it exits.
 type Supervised = JoinSet<&'static str>;
@@ -55,7 +55,7 @@ pub async fn run_watching(
     let initial = plugins.borrow_and_update().clone();
     metrics.guests_loaded(initial.len());
     metrics.guests_compiling(initial.compiling());
-    let settings = effective(settings)?;
+    let settings = effective(settings);
     let mut tasks = Supervised::new();
     let (node_state, node_deleted) = match &settings.node {
         Some(node) => {
@@ -122,8 +122,9 @@ pub async fn run_watching(
     Ok(())
 }
 
-/// The settings as this deployment runs them: node mode has no whole-controller election.
-fn effective(mut settings: Settings) -> anyhow::Result<Settings> {
+/// The settings as this deployment runs them: node mode has no whole-controller election. Their
+/// values were checked where they were parsed (`config`), once.
+fn effective(mut settings: Settings) -> Settings {
     let requested = settings.election.mode;
     settings.election.mode = node::election_mode(requested, settings.node.is_some());
     if settings.election.mode != requested {
@@ -131,10 +132,7 @@ fn effective(mut settings: Settings) -> anyhow::Result<Settings> {
             "node deployment: whole-controller leader election is off (every node's instance must act)"
         );
     }
-    if settings.election.mode != gate::Mode::Off {
-        settings.election.timing.validate()?;
-    }
-    Ok(settings)
+    settings
 }
 
 /// The caches and the two controllers over them, not yet running.
@@ -163,7 +161,7 @@ impl Sources {
                 futures::future::ready(())
             })
             .boxed();
-        let config = ControllerConfig::default().concurrency(settings.worker_threads);
+        let config = ControllerConfig::default().concurrency(settings.worker_threads.get());
         let whole = settings.cache_whole_objects;
         let finalizer_mode = settings.add_pv_finalizer;
         let (volumes, volume_writer) = reflector::store::<CachedVolume>();

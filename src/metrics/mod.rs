@@ -6,109 +6,17 @@
 //! A [`Metrics`] handle is cheap to clone and is passed down (controller context, wasm engine);
 //! nothing here is global, so tests can read a private registry.
 
+mod series;
+
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
-
-/// Go's `prometheus.DefBuckets`, which the library's duration histograms use.
-const GO_DEFAULT_BUCKETS: [f64; 11] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-/// Guest calls range from sub-millisecond hooks to the 30 s default deadline.
-const GUEST_CALL_BUCKETS: [f64; 12] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 30.0,
-];
-
-/// `class`, `source`: the library's provision labels (`source` = `spec.dataSource.kind`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ClaimLabels {
-    class: String,
-    source: String,
-}
-
-/// `class`: the library's delete label.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VolumeLabels {
-    class: String,
-}
-
-/// `name`: which work queue (`claims` or `volumes`), as in component-base.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct QueueLabels {
-    name: String,
-}
-
-impl QueueLabels {
-    fn of(queue: Queue) -> QueueLabels {
-        QueueLabels {
-            name: queue.as_str().into(),
-        }
-    }
-}
-
-/// `controller`, `kind`: why a reconcile failed (the error's `label()`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ErrorLabels {
-    controller: String,
-    kind: String,
-}
-
-/// `guest`, `operation`, `outcome` of one guest call.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CallLabels {
-    guest: String,
-    operation: String,
-    outcome: String,
-}
-
-/// `guest`, `operation` for call durations.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CallDurationLabels {
-    guest: String,
-    operation: String,
-}
-
-/// `guest`, `kind` of a fault.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct FaultLabels {
-    guest: String,
-    kind: String,
-}
-
-/// `event`: load, reload, rejection or unload of a plugin.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PluginEventLabels {
-    event: &'static str,
-}
-
-/// `guest`, `warning` of a guest loaded despite a warning about its grant.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PluginWarningLabels {
-    guest: String,
-    warning: &'static str,
-}
-
-/// `name`: the lease (component-base's label).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct LeaderLabels {
-    name: String,
-}
-
-fn go_histogram() -> Histogram {
-    Histogram::new(GO_DEFAULT_BUCKETS)
-}
-
-fn guest_histogram() -> Histogram {
-    Histogram::new(GUEST_CALL_BUCKETS)
-}
+use series::{
+    CallDurationLabels, CallLabels, ClaimLabels, ErrorLabels, FaultLabels, LeaderLabels,
+    PluginEventLabels, PluginWarningLabels, QueueLabels, Series, VolumeLabels,
+};
 
 /// Which work queue a series is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,31 +36,12 @@ impl Queue {
     }
 }
 
+/// The series and what the handle keeps beside them.
 struct Inner {
-    registry: Registry,
-    provision_total: Family<ClaimLabels, Counter>,
-    provision_failed_total: Family<ClaimLabels, Counter>,
-    provision_duration: Family<ClaimLabels, Histogram, fn() -> Histogram>,
-    delete_total: Family<VolumeLabels, Counter>,
-    delete_failed_total: Family<VolumeLabels, Counter>,
-    delete_duration: Family<VolumeLabels, Histogram, fn() -> Histogram>,
-    reconcile_errors: Family<ErrorLabels, Counter>,
-    queue_depth: Family<QueueLabels, Gauge>,
-    queue_adds: Family<QueueLabels, Counter>,
-    queue_retries: Family<QueueLabels, Counter>,
-    queue_work_duration: Family<QueueLabels, Histogram, fn() -> Histogram>,
-    in_flight: Family<QueueLabels, Gauge>,
-    leader: Family<LeaderLabels, Gauge>,
-    guests_loaded: Gauge,
-    guests_compiling: Gauge,
-    guest_calls: Family<CallLabels, Counter>,
-    guest_call_duration: Family<CallDurationLabels, Histogram, fn() -> Histogram>,
-    guest_faults: Family<FaultLabels, Counter>,
+    series: Series,
     /// Keys with a retry scheduled, per queue: the part of the queue we can observe.
     waiting: Mutex<[HashSet<String>; 2]>,
-    plugin_events: Family<PluginEventLabels, Counter>,
     plugin_counts_seen: Mutex<[u64; 4]>,
-    plugin_warnings: Family<PluginWarningLabels, Counter>,
     ready: AtomicBool,
 }
 
@@ -177,170 +66,11 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     /// A fresh registry with every series registered.
     pub fn new() -> Metrics {
-        let mut registry = Registry::default();
-        let provision_total = Family::<ClaimLabels, Counter>::default();
-        let provision_failed_total = Family::<ClaimLabels, Counter>::default();
-        let provision_duration =
-            Family::<ClaimLabels, Histogram, fn() -> Histogram>::new_with_constructor(go_histogram);
-        let delete_total = Family::<VolumeLabels, Counter>::default();
-        let delete_failed_total = Family::<VolumeLabels, Counter>::default();
-        let delete_duration =
-            Family::<VolumeLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-                go_histogram,
-            );
-        {
-            // The Go library's subsystem is `controller`.
-            let lib = registry.sub_registry_with_prefix("controller");
-            lib.register(
-                "persistentvolumeclaim_provision",
-                "Total number of persistent volumes provisioned successfully.",
-                provision_total.clone(),
-            );
-            lib.register(
-                "persistentvolumeclaim_provision_failed",
-                "Total number of persistent volume provision failed attempts.",
-                provision_failed_total.clone(),
-            );
-            lib.register(
-                "persistentvolumeclaim_provision_duration_seconds",
-                "Latency in seconds to provision persistent volumes. Failed provisioning attempts are ignored.",
-                provision_duration.clone(),
-            );
-            lib.register(
-                "persistentvolume_delete",
-                "Total number of persistent volumes deleted successfully.",
-                delete_total.clone(),
-            );
-            lib.register(
-                "persistentvolume_delete_failed",
-                "Total number of persistent volume delete failed attempts.",
-                delete_failed_total.clone(),
-            );
-            lib.register(
-                "persistentvolume_delete_duration_seconds",
-                "Latency in seconds to delete persistent volumes. Failed deletion attempts are ignored.",
-                delete_duration.clone(),
-            );
-        }
-        let queue_depth = Family::<QueueLabels, Gauge>::default();
-        let queue_adds = Family::<QueueLabels, Counter>::default();
-        let queue_retries = Family::<QueueLabels, Counter>::default();
-        let queue_work_duration =
-            Family::<QueueLabels, Histogram, fn() -> Histogram>::new_with_constructor(go_histogram);
-        {
-            let queue = registry.sub_registry_with_prefix("workqueue");
-            queue.register(
-                "depth",
-                "Objects waiting for a scheduled retry or parked for a turn (kube-runtime does not expose its queue).",
-                queue_depth.clone(),
-            );
-            queue.register(
-                "adds",
-                "Reconciles started (watch events, resyncs and retries).",
-                queue_adds.clone(),
-            );
-            queue.register(
-                "retries",
-                "Retries scheduled after a failed reconcile.",
-                queue_retries.clone(),
-            );
-            queue.register(
-                "work_duration_seconds",
-                "How long one reconcile takes.",
-                queue_work_duration.clone(),
-            );
-        }
-        let leader = Family::<LeaderLabels, Gauge>::default();
-        registry.register(
-            "leader_election_master_status",
-            "1 while this replica holds the lease, 0 otherwise.",
-            leader.clone(),
-        );
-        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
-        let in_flight = Family::<QueueLabels, Gauge>::default();
-        let guests_loaded = Gauge::default();
-        let guests_compiling = Gauge::default();
-        let guest_calls = Family::<CallLabels, Counter>::default();
-        let guest_call_duration =
-            Family::<CallDurationLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-                guest_histogram,
-            );
-        let guest_faults = Family::<FaultLabels, Counter>::default();
-        let plugin_events = Family::<PluginEventLabels, Counter>::default();
-        let plugin_warnings = Family::<PluginWarningLabels, Counter>::default();
-        {
-            let own = registry.sub_registry_with_prefix("wasm_provisioner");
-            own.register(
-                "reconcile_errors",
-                "Failed reconciles by controller and error kind (the kind in the log line).",
-                reconcile_errors.clone(),
-            );
-            own.register(
-                "reconciles_in_flight",
-                "Reconciles running now.",
-                in_flight.clone(),
-            );
-            own.register(
-                "guests_loaded",
-                "Guests loaded from the plugins directory.",
-                guests_loaded.clone(),
-            );
-            own.register(
-                "guests_compiling",
-                "Modules of the plugins directory waiting for their compile in the background (neither served nor refused yet).",
-                guests_compiling.clone(),
-            );
-            own.register(
-                "guest_calls",
-                "Calls into guests by operation and outcome (ok, a typed error, or a fault kind).",
-                guest_calls.clone(),
-            );
-            own.register(
-                "guest_call_duration_seconds",
-                "Wall-clock time of guest calls, waiting for a concurrency slot excluded.",
-                guest_call_duration.clone(),
-            );
-            own.register(
-                "plugin_events",
-                "Plugins directory changes: guests loaded, reloaded (new version), rejected, unloaded.",
-                plugin_events.clone(),
-            );
-            own.register(
-                "plugin_warnings",
-                "Guests loaded despite a warning about their grant, by guest and warning (node-filesystem: a read-write directory on the filesystem of /, the kubelet or the container runtime).",
-                plugin_warnings.clone(),
-            );
-            own.register(
-                "guest_faults",
-                "Guest calls that trapped, ran out of time or memory, by fault kind.",
-                guest_faults.clone(),
-            );
-        }
         Metrics {
             inner: Arc::new(Inner {
-                registry,
-                provision_total,
-                provision_failed_total,
-                provision_duration,
-                delete_total,
-                delete_failed_total,
-                delete_duration,
-                reconcile_errors,
-                queue_depth,
-                queue_adds,
-                queue_retries,
-                queue_work_duration,
-                in_flight,
-                leader,
-                guests_loaded,
-                guests_compiling,
-                guest_calls,
-                guest_call_duration,
-                guest_faults,
+                series: Series::register(),
                 waiting: Mutex::new([HashSet::new(), HashSet::new()]),
-                plugin_events,
                 plugin_counts_seen: Mutex::new([0; 4]),
-                plugin_warnings,
                 ready: AtomicBool::new(false),
             }),
         }
@@ -350,7 +80,7 @@ impl Metrics {
     pub fn encode(&self) -> String {
         let mut text = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut text, &self.inner.registry);
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.inner.series.registry);
         text
     }
 
@@ -360,8 +90,13 @@ impl Metrics {
             class: class.into(),
             source: source.into(),
         };
-        self.inner.provision_total.get_or_create(&labels).inc();
         self.inner
+            .series
+            .provision_total
+            .get_or_create(&labels)
+            .inc();
+        self.inner
+            .series
             .provision_duration
             .get_or_create(&labels)
             .observe(took.as_secs_f64());
@@ -374,6 +109,7 @@ impl Metrics {
             source: source.into(),
         };
         self.inner
+            .series
             .provision_failed_total
             .get_or_create(&labels)
             .inc();
@@ -385,8 +121,9 @@ impl Metrics {
         let labels = VolumeLabels {
             class: class.into(),
         };
-        self.inner.delete_total.get_or_create(&labels).inc();
+        self.inner.series.delete_total.get_or_create(&labels).inc();
         self.inner
+            .series
             .delete_duration
             .get_or_create(&labels)
             .observe(took.as_secs_f64());
@@ -397,12 +134,17 @@ impl Metrics {
         let labels = VolumeLabels {
             class: class.into(),
         };
-        self.inner.delete_failed_total.get_or_create(&labels).inc();
+        self.inner
+            .series
+            .delete_failed_total
+            .get_or_create(&labels)
+            .inc();
         self.reconcile_error(Queue::Volumes, kind);
     }
 
     fn reconcile_error(&self, queue: Queue, kind: &str) {
         self.inner
+            .series
             .reconcile_errors
             .get_or_create(&ErrorLabels {
                 controller: queue.as_str().into(),
@@ -414,11 +156,11 @@ impl Metrics {
     /// A reconcile of `key` starts; the returned guard records its duration when dropped.
     pub fn reconcile_started(&self, queue: Queue, key: &str) -> ReconcileGuard {
         let labels = QueueLabels::of(queue);
-        self.inner.queue_adds.get_or_create(&labels).inc();
-        self.inner.in_flight.get_or_create(&labels).inc();
+        self.inner.series.queue_adds.get_or_create(&labels).inc();
+        self.inner.series.in_flight.get_or_create(&labels).inc();
         let mut waiting = self.inner.waiting.lock().expect("metrics lock");
         if waiting[queue as usize].remove(key) {
-            self.inner.queue_depth.get_or_create(&labels).dec();
+            self.inner.series.queue_depth.get_or_create(&labels).dec();
         }
         ReconcileGuard {
             metrics: self.clone(),
@@ -430,7 +172,7 @@ impl Metrics {
     /// A retry of `key` was scheduled after a failure.
     pub fn retry_scheduled(&self, queue: Queue, key: &str) {
         let labels = QueueLabels::of(queue);
-        self.inner.queue_retries.get_or_create(&labels).inc();
+        self.inner.series.queue_retries.get_or_create(&labels).inc();
         self.parked(queue, key);
     }
 
@@ -440,6 +182,7 @@ impl Metrics {
         let mut waiting = self.inner.waiting.lock().expect("metrics lock");
         if waiting[queue as usize].insert(key.to_string()) {
             self.inner
+                .series
                 .queue_depth
                 .get_or_create(&QueueLabels::of(queue))
                 .inc();
@@ -456,6 +199,7 @@ impl Metrics {
         let gone = before - waiting[queue as usize].len();
         if gone > 0 {
             self.inner
+                .series
                 .queue_depth
                 .get_or_create(&labels)
                 .dec_by(i64::try_from(gone).unwrap_or(i64::MAX));
@@ -470,12 +214,13 @@ impl Metrics {
     /// Retries scheduled in `queue` so far (`workqueue_retries_total`).
     pub fn retries(&self, queue: Queue) -> u64 {
         let labels = QueueLabels::of(queue);
-        self.inner.queue_retries.get_or_create(&labels).get()
+        self.inner.series.queue_retries.get_or_create(&labels).get()
     }
 
     /// Whether this replica leads (`lease` = the lease name). For the leader-election module.
     pub fn leader(&self, lease: &str, leading: bool) {
         self.inner
+            .series
             .leader
             .get_or_create(&LeaderLabels { name: lease.into() })
             .set(i64::from(leading));
@@ -496,6 +241,7 @@ impl Metrics {
             let delta = totals[i].saturating_sub(seen[i]);
             if delta > 0 {
                 self.inner
+                    .series
                     .plugin_events
                     .get_or_create(&PluginEventLabels { event })
                     .inc_by(delta);
@@ -507,6 +253,7 @@ impl Metrics {
     /// A guest was loaded (or reloaded) despite `warning` about its grant.
     pub fn plugin_warning(&self, guest: &str, warning: &'static str) {
         self.inner
+            .series
             .plugin_warnings
             .get_or_create(&PluginWarningLabels {
                 guest: guest.to_string(),
@@ -518,6 +265,7 @@ impl Metrics {
     /// How many guests serve now (set on load and reload).
     pub fn guests_loaded(&self, count: usize) {
         self.inner
+            .series
             .guests_loaded
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
@@ -525,6 +273,7 @@ impl Metrics {
     /// How many modules wait for their compile (set on load and reload).
     pub fn guests_compiling(&self, count: usize) {
         self.inner
+            .series
             .guests_compiling
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
@@ -540,6 +289,7 @@ impl Metrics {
         took: Duration,
     ) {
         self.inner
+            .series
             .guest_calls
             .get_or_create(&CallLabels {
                 guest: guest.into(),
@@ -548,6 +298,7 @@ impl Metrics {
             })
             .inc();
         self.inner
+            .series
             .guest_call_duration
             .get_or_create(&CallDurationLabels {
                 guest: guest.into(),
@@ -556,6 +307,7 @@ impl Metrics {
             .observe(took.as_secs_f64());
         if fault {
             self.inner
+                .series
                 .guest_faults
                 .get_or_create(&FaultLabels {
                     guest: guest.into(),
@@ -593,8 +345,9 @@ impl ReconcileGuard {
 impl Drop for ReconcileGuard {
     fn drop(&mut self) {
         let inner = &self.metrics.inner;
-        inner.in_flight.get_or_create(&self.labels).dec();
+        inner.series.in_flight.get_or_create(&self.labels).dec();
         inner
+            .series
             .queue_work_duration
             .get_or_create(&self.labels)
             .observe(self.started.elapsed().as_secs_f64());
