@@ -8,6 +8,7 @@ use k8s_openapi::api::storage::v1::StorageClass as K8sStorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::decide::ANN_PROVISIONED_BY;
 use crate::wasm::bindings::types::{
     AccessMode, BindingMode, Claim, CsiSource, DeleteRequest, HostPathSource, HostPathType,
     LocalSource, NfsSource, NodeSelectorOperator, NodeSelectorRequirement, NodeSelectorTerm, Pair,
@@ -15,9 +16,6 @@ use crate::wasm::bindings::types::{
     VolumeSource,
 };
 use crate::wasm::spec::BuiltVolume;
-
-/// Annotation naming the provisioner that created a PV.
-pub const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 
 /// Why a Kubernetes object could not be expressed in the contract.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -20,7 +20,7 @@ pub const ANN_ALPHA_SELECTED_NODE: &str = "volume.alpha.kubernetes.io/selected-n
 /// The beta class annotation, which wins over `spec.storageClassName`.
 pub const ANN_BETA_STORAGE_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
 /// Names the provisioner that created a PV.
-pub const ANN_PROVISIONED_BY: &str = crate::controller::convert::ANN_PROVISIONED_BY;
+pub const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 /// The PV finalizer of the Go library's `AddFinalizer` mode.
 pub const FINALIZER_PV: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 /// Our claim finalizer: set before a guest is called, removed once the PV exists or the asset is
