@@ -467,8 +467,9 @@ async fn provision_run(
     }
     process.terminate()?;
 
-    // Requests the provisioner makes (PV writes, claim patches, its intent log, events); the PV
-    // controller in kube-controller-manager updates PVs and claims too, but with PUT.
+    // Requests the provisioner makes (PV writes and finalizer patches, claim patches, its intent
+    // log, events); the PV controller in kube-controller-manager updates PVs and claims too, but
+    // with PUT.
     let mut calls_per_claim = BTreeMap::new();
     let (mut writes, mut delete_writes) = (0.0, 0.0);
     for (phase, from, to) in [
@@ -479,6 +480,9 @@ async fn provision_run(
             ("PATCH", "persistentvolumeclaims", true),
             ("POST", "persistentvolumes", true),
             ("DELETE", "persistentvolumes", true),
+            // Our PV finalizer (`--add-pv-finalizer`) comes off with a PATCH once the storage
+            // is gone: the second write of a delete.
+            ("PATCH", "persistentvolumes", true),
             ("GET", "persistentvolumes", false),
             ("POST", "configmaps", true),
             ("PUT", "configmaps", true),
