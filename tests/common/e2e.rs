@@ -92,29 +92,16 @@ impl Fixture {
 
     /// A StorageClass `<ns>-<suffix>` for this test's provisioner: `Delete`, `Immediate`.
     pub fn class(&self, suffix: &str) -> ClassBuilder {
-        ClassBuilder {
-            admin: self.admin.clone(),
-            name: format!("{}-{suffix}", self.ns),
-            provisioner: self.provisioner.clone(),
-            parameters: BTreeMap::new(),
-            annotations: BTreeMap::new(),
-            reclaim: "Delete".into(),
-            binding: "Immediate".into(),
-            mount_options: Vec::new(),
-        }
+        let mut class = ClassBuilder::new(&format!("{}-{suffix}", self.ns), &self.provisioner);
+        class.admin = Some(self.admin.clone());
+        class
     }
 
     /// A claim in this test's namespace: 1Gi, ReadWriteOnce, filesystem.
     pub fn claim(&self, name: &str) -> ClaimBuilder {
-        ClaimBuilder {
-            claims: self.claims(),
-            name: name.into(),
-            class: None,
-            size: "1Gi".into(),
-            block: false,
-            selector: None,
-            annotations: BTreeMap::new(),
-        }
+        let mut claim = ClaimBuilder::new(name);
+        claim.claims = Some(self.claims());
+        claim
     }
 
     /// `wasm-provisioner run --plugins DIR --kubeconfig FILE` with fast retries and debug logs;
@@ -297,10 +284,12 @@ impl Fixture {
     }
 }
 
-/// A StorageClass to create: [`Fixture::class`].
+/// A StorageClass: created on the control plane ([`Fixture::class`]) or built as an object
+/// ([`ClassBuilder::new`], [`ClassBuilder::build`]) for the fake-API tests.
 pub struct ClassBuilder {
-    admin: Client,
+    admin: Option<Client>,
     name: String,
+    uid: Option<String>,
     provisioner: String,
     parameters: BTreeMap<String, String>,
     annotations: BTreeMap<String, String>,
@@ -310,6 +299,27 @@ pub struct ClassBuilder {
 }
 
 impl ClassBuilder {
+    /// Class `name` of `provisioner`: `Delete`, `Immediate`, no parameters.
+    pub fn new(name: &str, provisioner: &str) -> ClassBuilder {
+        ClassBuilder {
+            admin: None,
+            name: name.into(),
+            uid: None,
+            provisioner: provisioner.into(),
+            parameters: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            reclaim: "Delete".into(),
+            binding: "Immediate".into(),
+            mount_options: Vec::new(),
+        }
+    }
+
+    /// `metadata.uid`, as the API server would set it (for objects that never reach one).
+    pub fn uid(mut self, uid: &str) -> Self {
+        self.uid = Some(uid.into());
+        self
+    }
+
     pub fn param(mut self, key: &str, value: &str) -> Self {
         self.parameters.insert(key.into(), value.into());
         self
@@ -350,17 +360,26 @@ impl ClassBuilder {
         self
     }
 
-    /// Creates the class and returns its name.
-    pub async fn create(self) -> anyhow::Result<String> {
-        let class: StorageClass = serde_json::from_value(json!({
-            "metadata": {"name": self.name, "annotations": self.annotations},
+    /// The class as an object.
+    pub fn build(&self) -> StorageClass {
+        serde_json::from_value(json!({
+            "metadata": {"name": self.name, "uid": self.uid, "annotations": self.annotations},
             "provisioner": self.provisioner,
             "parameters": self.parameters,
             "reclaimPolicy": self.reclaim,
             "volumeBindingMode": self.binding,
             "mountOptions": self.mount_options,
-        }))?;
-        Api::<StorageClass>::all(self.admin)
+        }))
+        .expect("a StorageClass")
+    }
+
+    /// Creates the class and returns its name.
+    pub async fn create(self) -> anyhow::Result<String> {
+        let class = self.build();
+        let admin = self
+            .admin
+            .context("a class built without a fixture is not created")?;
+        Api::<StorageClass>::all(admin)
             .create(&PostParams::default(), &class)
             .await
             .with_context(|| format!("create StorageClass {}", self.name))?;
@@ -368,10 +387,13 @@ impl ClassBuilder {
     }
 }
 
-/// A claim to create: [`Fixture::claim`].
+/// A claim: created on the control plane ([`Fixture::claim`]) or built as an object
+/// ([`ClaimBuilder::new`], [`ClaimBuilder::build`]) for the fake-API tests.
 pub struct ClaimBuilder {
-    claims: Api<PersistentVolumeClaim>,
+    claims: Option<Api<PersistentVolumeClaim>>,
     name: String,
+    namespace: Option<String>,
+    uid: Option<String>,
     class: Option<String>,
     size: String,
     block: bool,
@@ -380,6 +402,29 @@ pub struct ClaimBuilder {
 }
 
 impl ClaimBuilder {
+    /// Claim `name`: 1Gi, ReadWriteOnce, filesystem, no class.
+    pub fn new(name: &str) -> ClaimBuilder {
+        ClaimBuilder {
+            claims: None,
+            name: name.into(),
+            namespace: None,
+            uid: None,
+            class: None,
+            size: "1Gi".into(),
+            block: false,
+            selector: None,
+            annotations: BTreeMap::new(),
+        }
+    }
+
+    /// `metadata.namespace` and `metadata.uid`, as the API server would set them (for objects
+    /// that never reach one).
+    pub fn stored_as(mut self, namespace: &str, uid: &str) -> Self {
+        self.namespace = Some(namespace.into());
+        self.uid = Some(uid.into());
+        self
+    }
+
     pub fn class(mut self, class: &str) -> Self {
         self.class = Some(class.into());
         self
@@ -415,10 +460,12 @@ impl ClaimBuilder {
         }
     }
 
-    pub async fn create(self) -> anyhow::Result<PersistentVolumeClaim> {
+    /// The claim as an object.
+    pub fn build(&self) -> PersistentVolumeClaim {
         let mode = if self.block { "Block" } else { "Filesystem" };
-        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-            "metadata": {"name": self.name, "annotations": self.annotations},
+        serde_json::from_value(json!({
+            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid,
+                         "annotations": self.annotations},
             "spec": {
                 "storageClassName": self.class,
                 "volumeMode": mode,
@@ -426,8 +473,16 @@ impl ClaimBuilder {
                 "accessModes": ["ReadWriteOnce"],
                 "resources": {"requests": {"storage": self.size}},
             }
-        }))?;
-        self.claims
+        }))
+        .expect("a claim")
+    }
+
+    pub async fn create(self) -> anyhow::Result<PersistentVolumeClaim> {
+        let claim = self.build();
+        let claims = self
+            .claims
+            .context("a claim built without a fixture is not created")?;
+        claims
             .create(&PostParams::default(), &claim)
             .await
             .with_context(|| format!("create claim {}", self.name))

@@ -40,6 +40,7 @@ use wasm_provisioner::controller::{Caches, Context, IntentRecord, Settings, volu
 use wasm_provisioner::metrics::{Metrics, Queue};
 use wasm_provisioner::wasm::{WasmEngine, load_dir};
 
+use common::e2e::{ClaimBuilder, ClassBuilder};
 use common::{PluginsDir, dir_grant};
 use fake_api::FakeApi;
 
@@ -153,13 +154,21 @@ impl World {
     }
 
     fn class(&mut self, name: &str, parameters: Value, annotations: Value) {
-        let class: StorageClass = serde_json::from_value(json!({
-            "metadata": {"name": name, "uid": format!("uid-class-{name}"), "annotations": annotations},
-            "provisioner": P,
-            "parameters": parameters,
-            "reclaimPolicy": "Delete",
-        }))
-        .expect("class");
+        let text = |value: &Value| value.as_str().expect("a string").to_string();
+        let pairs = |map: &Value| -> Vec<(String, String)> {
+            map.as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), text(v)))
+                .collect()
+        };
+        let class = pairs(&annotations).into_iter().fold(
+            pairs(&parameters)
+                .into_iter()
+                .fold(ClassBuilder::new(name, P), |c, (k, v)| c.param(&k, &v)),
+            |c, (k, v)| c.annotation(&k, &v),
+        );
+        let class = class.uid(&format!("uid-class-{name}")).build();
         self.classes
             .apply_watcher_event(&watcher::Event::Apply(class));
     }
@@ -294,16 +303,12 @@ fn pv_path(name: &str) -> String {
 }
 
 fn claim_of(name: &str, class: &str, provisioner: &str) -> Value {
-    json!({
-        "metadata": {
-            "name": name, "namespace": NS, "uid": format!("u-{name}"),
-            "annotations": {"volume.beta.kubernetes.io/storage-provisioner": provisioner},
-        },
-        "spec": {
-            "storageClassName": class, "accessModes": ["ReadWriteOnce"],
-            "resources": {"requests": {"storage": "1Gi"}},
-        }
-    })
+    let claim = ClaimBuilder::new(name)
+        .stored_as(NS, &format!("u-{name}"))
+        .class(class)
+        .annotation("volume.beta.kubernetes.io/storage-provisioner", provisioner)
+        .build();
+    serde_json::to_value(claim).expect("a claim")
 }
 
 fn requeue_after(action: &Action) -> Option<Duration> {
