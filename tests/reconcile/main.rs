@@ -154,20 +154,14 @@ impl World {
     }
 
     fn class(&mut self, name: &str, parameters: Value, annotations: Value) {
-        let text = |value: &Value| value.as_str().expect("a string").to_string();
-        let pairs = |map: &Value| -> Vec<(String, String)> {
-            map.as_object()
-                .into_iter()
-                .flatten()
-                .map(|(k, v)| (k.clone(), text(v)))
-                .collect()
-        };
-        let class = pairs(&annotations).into_iter().fold(
-            pairs(&parameters)
-                .into_iter()
-                .fold(ClassBuilder::new(name, P), |c, (k, v)| c.param(&k, &v)),
-            |c, (k, v)| c.annotation(&k, &v),
-        );
+        let entries = |map: &Value| map.as_object().cloned().unwrap_or_default();
+        let mut class = ClassBuilder::new(name, P);
+        for (key, value) in entries(&parameters) {
+            class = class.param(&key, value.as_str().expect("a string parameter"));
+        }
+        for (key, value) in entries(&annotations) {
+            class = class.annotation(&key, value.as_str().expect("a string annotation"));
+        }
         let class = class.uid(&format!("uid-class-{name}")).build();
         self.classes
             .apply_watcher_event(&watcher::Event::Apply(class));
