@@ -38,6 +38,22 @@ impl Fixture {
         }
     }
 
+    /// The hostpath guest with `ids` (uid and gid ranges) added to its `[volumes]` grant.
+    fn owned(ids: &str) -> Fixture {
+        let storage = tempfile::tempdir().unwrap();
+        let plugins = PluginsDir::new();
+        let grant = dir_grant(HOSTPATH, storage.path(), "/volumes", "")
+            .replace("[volumes]\n", &format!("[volumes]\n{ids}\n"));
+        plugins.add("hostpath", "hostpath", &grant);
+        let loaded = load_dir(&WasmEngine::new().unwrap(), plugins.path()).unwrap();
+        assert!(loaded.problems.is_empty(), "{:?}", loaded.problems);
+        Fixture {
+            _plugins: plugins,
+            storage,
+            loaded,
+        }
+    }
+
     fn guest(&self, provisioner: &str) -> Arc<Guest> {
         self.loaded.for_provisioner(provisioner).unwrap().clone()
     }
@@ -80,6 +96,69 @@ async fn hostpath_provisions_a_directory_idempotently_and_deletes_it() {
         .delete(&delete)
         .await
         .expect("deleting what is gone is success");
+}
+
+/// Hostpath's `uid`/`gid`/`mode` parameters reach the host, which applies them to the volume
+/// directory it checked, within the grant's id ranges; nothing outside them is handed out.
+#[tokio::test]
+async fn hostpath_volumes_get_the_owner_and_mode_the_grant_allows() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let f = Fixture::owned("uids = [\"1000-1999\"]\ngids = [\"1000\"]");
+    let guest = f.guest(HOSTPATH);
+    let owned = [("uid", "1000"), ("gid", "1000"), ("mode", "0700")];
+    let req = request(claim("c1"), class(HOSTPATH, &owned), &f.config(HOSTPATH));
+    let built = guest.provision(&req).await.expect("provision");
+    let meta = std::fs::metadata(host_path_of(&built.source)).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (1000, 1000));
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o700);
+    guest
+        .provision(&req)
+        .await
+        .expect("a second provision applies the same again");
+
+    for (params, refused) in [
+        (&[("uid", "0")][..], "uid 0 is not granted"),
+        (&[("uid", "2000")][..], "uid 2000 is not granted"),
+        (&[("gid", "1001")][..], "gid 1001 is not granted"),
+        (&[("mode", "17777")][..], "parameter mode"),
+    ] {
+        let req = request(claim("bad"), class(HOSTPATH, params), &f.config(HOSTPATH));
+        let error = guest.provision(&req).await.unwrap_err().to_string();
+        assert!(error.contains(refused), "{params:?}: {error}");
+    }
+    assert!(
+        !f.storage.path().join("pvc-uid-bad").exists(),
+        "a refused owner leaves no directory"
+    );
+}
+
+/// A pod that swaps its volume directory for a link to a directory outside the grant before a
+/// re-provision (the PV create failed, the guest is called again) cannot steer the host's chown:
+/// the walk refuses the link and nothing outside changes.
+#[tokio::test]
+async fn an_owner_is_never_applied_through_a_planted_link() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let f = Fixture::owned("uids = [\"1000\"]");
+    let guest = f.guest(HOSTPATH);
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let before = std::fs::metadata(outside.path()).unwrap();
+    let req = request(
+        claim("c1"),
+        class(HOSTPATH, &[("uid", "1000"), ("mode", "0777")]),
+        &f.config(HOSTPATH),
+    );
+    std::os::unix::fs::symlink(outside.path(), f.storage.path().join("pvc-uid-c1")).unwrap();
+    // The guest refuses the existing link itself; the host's walk would refuse it too
+    // (src/wasm/nodepath.rs tests the host alone, with a link swapped in after the guest).
+    let error = guest.provision(&req).await.unwrap_err().to_string();
+    assert!(error.contains("pvc-uid-c1"), "{error}");
+    let after = std::fs::metadata(outside.path()).unwrap();
+    assert_eq!(
+        (after.uid(), after.mode()),
+        (before.uid(), before.mode()),
+        "the link's target is untouched"
+    );
 }
 
 /// What a hostile pod leaves in its volume (found on a real node by tests/e2e_kubelet.rs): a
@@ -442,7 +521,7 @@ async fn bad_files_are_reported_and_the_others_still_load() {
     assert!(problem("nogrant.wasm").contains("no grant file"));
     let old = problem("old.wasm");
     assert!(
-        old.contains("@0.2.0") && old.contains("@0.1.0") && old.contains("rebuild"),
+        old.contains("@0.2.0") && old.contains("@0.1.1") && old.contains("rebuild"),
         "{old}"
     );
     assert!(problem("badgrant.toml").contains("network"));

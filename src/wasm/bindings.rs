@@ -24,7 +24,7 @@ pub use self::wasm_provisioner::provisioner::{host, types, volume_builder};
 /// The WIT package this host serves, as guests name it in their imports and exports.
 pub const PACKAGE: &str = "wasm-provisioner:provisioner";
 /// The package version this host serves; any `0.1.x` guest links (wasmtime matches `0.y` on the minor).
-pub const PACKAGE_VERSION: &str = "0.1.0";
+pub const PACKAGE_VERSION: &str = "0.1.1";
 
 /// A PV under construction, as a guest built it through the host API (the `volume-spec`
 /// resource). Defined beside the bindings because the generated code names it and it holds
@@ -41,6 +41,7 @@ pub struct VolumeSpecBuilder {
     pub(super) labels: BTreeMap<String, String>,
     pub(super) annotations: BTreeMap<String, String>,
     pub(super) source: Option<VolumeSource>,
+    pub(super) ownership: super::ownership::Ownership,
     /// Setter calls the host refused, and the first refusal: a spec returned after a refusal is
     /// not what the guest meant to build, so it is rejected as a whole.
     pub(super) refusals: usize,

@@ -177,6 +177,13 @@ pub struct VolumeGrants {
     /// covered, so every returned path is walked on disk.
     #[serde(default)]
     pub on_disk_check: Option<bool>,
+    /// Owner uids the guest may give its volumes' directories (`"1000-1999"` or `"1000"`);
+    /// none by default.
+    #[serde(default)]
+    pub uids: Vec<super::ownership::IdRange>,
+    /// Group gids the guest may give its volumes' directories; none by default.
+    #[serde(default)]
+    pub gids: Vec<super::ownership::IdRange>,
 }
 
 #[derive(Debug, Deserialize)]

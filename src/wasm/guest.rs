@@ -279,9 +279,11 @@ impl Guest {
             .map_err(|e| rejected(e.to_string()))?;
         // On disk, one component at a time, on the blocking pool: a pod can hold a directory
         // of the path locked, so the walk gets the call's deadline too.
-        let (grants, source) = (self.grants.clone(), built.source.clone());
-        let walk =
-            tokio::task::spawn_blocking(move || super::nodepath::check_source(&grants, &source));
+        let (grants, source, ownership) =
+            (self.grants.clone(), built.source.clone(), built.ownership);
+        let walk = tokio::task::spawn_blocking(move || {
+            super::nodepath::check_source(&grants, &source, &ownership)
+        });
         let checked = match tokio::time::timeout(self.grants.call_timeout, walk).await {
             Ok(Ok(checked)) => checked.map_err(|e| rejected(e.to_string())),
             Ok(Err(e)) => Err(rejected(format!("the path check did not finish: {e}"))),

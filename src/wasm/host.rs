@@ -17,6 +17,7 @@ use super::fs_view::SandboxFsView;
 use super::grants::Grants;
 use super::handles::{FsGuard, Lingering, TABLE_ENTRIES_PER_CALL};
 use super::output::printable;
+use super::ownership::Ownership;
 
 /// What each `host.log` message costs on top of its text, so a flood of empty messages runs out
 /// of budget too (one line of output is never free).
@@ -348,6 +349,17 @@ impl volume_builder::HostVolumeSpec for GuestState {
             attributes,
         };
         self.set(&spec, |b, g| b.csi(g, source))
+    }
+
+    fn ownership(
+        &mut self,
+        spec: Spec,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        mode: Option<u32>,
+    ) -> SpecResult {
+        let asked = Ownership { uid, gid, mode };
+        self.set(&spec, |b, g| b.ownership(g, asked))
     }
 
     fn drop(&mut self, spec: Spec) -> WasmResult<()> {

@@ -20,6 +20,7 @@ pub mod localfs;
 pub mod nodefs;
 pub mod nodepath;
 pub mod output;
+pub mod ownership;
 pub mod plugins;
 pub mod pool;
 pub mod rawname;

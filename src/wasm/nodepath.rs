@@ -14,6 +14,7 @@ use rustix::fs::{FileType, Mode, OFlags};
 
 use super::bindings::types::{HostPathSource, LocalSource, VolumeSource};
 use super::grants::Grants;
+use super::ownership::Ownership;
 
 /// Why a returned path was refused on disk.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -34,6 +35,16 @@ pub enum NodePathError {
         path: String,
         /// The offending component.
         component: String,
+    },
+    /// The owner, group or mode asked for could not be applied.
+    #[error("{path}: cannot give it {asked}: {message}")]
+    Ownership {
+        /// The returned path.
+        path: String,
+        /// What was asked.
+        asked: String,
+        /// Why not.
+        message: String,
     },
     /// The path could not be inspected.
     #[error("{path}: cannot inspect {component:?}: {message}")]
@@ -69,21 +80,58 @@ pub fn node_path(source: &VolumeSource) -> Option<&str> {
     }
 }
 
-/// Checks the source of a built volume on disk when its path is visible to the controller.
-pub fn check_source(grants: &Grants, source: &VolumeSource) -> Result<(), NodePathError> {
+/// Checks the source of a built volume on disk when its path is visible to the controller, and
+/// gives its directory the owner, group and mode the guest asked for, through the descriptor
+/// the walk ended on (never by path). Asking for an owner of a path the controller cannot see,
+/// or of one that does not exist yet, is refused: the host would have nothing it checked to
+/// change.
+pub fn check_source(
+    grants: &Grants,
+    source: &VolumeSource,
+    ownership: &Ownership,
+) -> Result<(), NodePathError> {
     let Some(path) = node_path(source).map(Path::new) else {
         return Ok(());
     };
-    match checkable_root(grants, path) {
-        Some(root) => check_beneath(root, path),
-        None => Ok(()),
+    let refused = |message: &str| NodePathError::Ownership {
+        path: path.display().to_string(),
+        asked: ownership.to_string(),
+        message: message.to_owned(),
+    };
+    let Some(root) = checkable_root(grants, path) else {
+        if ownership.is_empty() {
+            return Ok(());
+        }
+        return Err(refused(
+            "the path lies in no granted directory, so this process cannot see it (run one instance per node with the node path mounted at its own path; docs/operating.md)",
+        ));
+    };
+    let end = walk_beneath(root, path)?;
+    if ownership.is_empty() {
+        return Ok(());
     }
+    if path == root {
+        return Err(refused(
+            "it is the granted directory itself, not a volume in it",
+        ));
+    }
+    let Some(dir) = end else {
+        return Err(refused(
+            "the directory does not exist; create it before returning the volume",
+        ));
+    };
+    super::ownership::apply(dir, ownership).map_err(|e| refused(&e.to_string()))
 }
 
 /// Checks that `path` lies beneath `root` with no symlink in any component below `root`.
 /// `root` itself is the operator's and trusted. Components that do not exist yet are fine (the
 /// kubelet creates them under what was checked); the deepest existing one must be clean.
 pub fn check_beneath(root: &Path, path: &Path) -> Result<(), NodePathError> {
+    walk_beneath(root, path).map(drop)
+}
+
+/// [`check_beneath`], answering the `O_PATH` descriptor of `path` itself when all of it exists.
+fn walk_beneath(root: &Path, path: &Path) -> Result<Option<OwnedFd>, NodePathError> {
     let shown = path.display().to_string();
     let io = |component: &Path, e: rustix::io::Errno| NodePathError::Io {
         path: shown.clone(),
@@ -120,7 +168,7 @@ pub fn check_beneath(root: &Path, path: &Path) -> Result<(), NodePathError> {
         ) {
             Ok(fd) => fd,
             // Not there yet: the kubelet (or the guest later) creates it below what was checked.
-            Err(rustix::io::Errno::NOENT) => return Ok(()),
+            Err(rustix::io::Errno::NOENT) => return Ok(None),
             Err(e) => return Err(io(&walked, e)),
         };
         let stat = rustix::fs::fstat(&next).map_err(|e| io(&walked, e))?;
@@ -132,7 +180,7 @@ pub fn check_beneath(root: &Path, path: &Path) -> Result<(), NodePathError> {
                 });
             }
             FileType::Directory => current = next,
-            FileType::RegularFile if i + 1 == parts.len() => return Ok(()),
+            FileType::RegularFile if i + 1 == parts.len() => return Ok(Some(next)),
             _ => {
                 return Err(NodePathError::NotDirectory {
                     path: shown,
@@ -141,7 +189,7 @@ pub fn check_beneath(root: &Path, path: &Path) -> Result<(), NodePathError> {
             }
         }
     }
-    Ok(())
+    Ok(Some(current))
 }
 
 #[cfg(test)]
@@ -190,6 +238,71 @@ mod tests {
             check_beneath(r, &r.join("file/below")),
             Err(NodePathError::NotDirectory { .. })
         ));
+    }
+
+    fn grants_for(root: &Path) -> Grants {
+        let r = root.display();
+        Grants::parse(
+            &format!(
+                "provisioner = \"x/y\"\n[[dirs]]\nhost = \"{r}\"\nguest = \"/v\"\naccess = \"read-write\"\n[volumes]\nkinds = [\"host-path\"]\npath-prefixes = [\"{r}\"]\nuids = [\"0-65534\"]"
+            ),
+            Path::new("/"),
+        )
+        .unwrap()
+    }
+
+    fn host_path(path: &Path) -> VolumeSource {
+        VolumeSource::HostPath(HostPathSource {
+            path: path.display().to_string(),
+            kind: super::super::bindings::types::HostPathType::DirectoryOrCreate,
+        })
+    }
+
+    /// The owner a guest asks for lands on the directory the walk checked, and on nothing a
+    /// link leads to: a link planted at the volume or above it, after the guest returned, makes
+    /// the host refuse and leaves the link's target as it was.
+    #[test]
+    fn an_owner_goes_to_the_checked_directory_and_never_through_a_link() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let (r, grants) = (root.path(), grants_for(root.path()));
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+        std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let asked = Ownership {
+            mode: Some(0o707),
+            ..Ownership::default()
+        };
+        std::fs::create_dir_all(r.join("ns/pvc-1")).unwrap();
+        check_source(&grants, &host_path(&r.join("ns/pvc-1")), &asked).unwrap();
+        assert_eq!(mode(&r.join("ns/pvc-1")), 0o707);
+
+        symlink(outside.path(), r.join("pvc-2")).unwrap();
+        symlink(outside.path(), r.join("mid")).unwrap();
+        std::fs::create_dir(outside.path().join("pvc-3")).unwrap();
+        let below = mode(&outside.path().join("pvc-3"));
+        for planted in ["pvc-2", "mid/pvc-3"] {
+            let error = check_source(&grants, &host_path(&r.join(planted)), &asked).unwrap_err();
+            assert!(
+                matches!(error, NodePathError::Symlink { .. }),
+                "{planted}: {error}"
+            );
+        }
+        assert_eq!(mode(outside.path()), 0o755);
+        assert_eq!(mode(&outside.path().join("pvc-3")), below);
+
+        let missing = check_source(&grants, &host_path(&r.join("pvc-4")), &asked).unwrap_err();
+        assert!(missing.to_string().contains("does not exist"), "{missing}");
+        let root_itself = check_source(&grants, &host_path(r), &asked).unwrap_err();
+        assert!(
+            root_itself.to_string().contains("granted directory itself"),
+            "{root_itself}"
+        );
+        let unseen =
+            check_source(&grants, &host_path(Path::new("/elsewhere/pvc-5")), &asked).unwrap_err();
+        assert!(unseen.to_string().contains("cannot see it"), "{unseen}");
+        std::fs::write(r.join("file"), b"x").unwrap();
+        assert!(check_source(&grants, &host_path(&r.join("file")), &asked).is_err());
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::bindings::types::{
     VolumeSource,
 };
 use super::grants::{GrantedReclaim, Grants, SourceKind, has_parent_component};
+use super::ownership::{Ownership, OwnershipError};
 
 /// Kubernetes' limit on the total size of an object's annotations.
 pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
@@ -50,6 +51,8 @@ pub struct BuiltVolume {
     pub annotations: BTreeMap<String, String>,
     /// The one storage source.
     pub source: VolumeSource,
+    /// Owner, group and mode the host gives the source's directory (nothing asked: empty).
+    pub ownership: Ownership,
 }
 
 /// One line describing a refused volume-spec value.
@@ -185,6 +188,14 @@ impl VolumeSpecBuilder {
         Ok(())
     }
 
+    /// Sets the owner, group and mode the host gives the volume's directory, each within the
+    /// grant ([`super::ownership::check`]).
+    pub fn ownership(&mut self, grants: &Grants, asked: Ownership) -> Result<(), SpecError> {
+        check_ownership(grants, &asked)?;
+        self.ownership = asked;
+        Ok(())
+    }
+
     /// Records that a setter call was refused (the guest may ignore the refusal; the host won't).
     pub fn note_refusal(&mut self, error: &SpecError) {
         self.refusals += 1;
@@ -240,6 +251,14 @@ impl VolumeSpecBuilder {
             check_metadata_key(key)?;
         }
         check_metadata_budget(&self.labels, &self.annotations)?;
+        if !self.ownership.is_empty() {
+            check_ownership(grants, &self.ownership)?;
+            if super::nodepath::node_path(&source).is_none() {
+                return Err(invalid(
+                    "an owner or mode applies only to a hostPath or local directory",
+                ));
+            }
+        }
         Ok(BuiltVolume {
             capacity: self.capacity,
             access_modes: self.access_modes,
@@ -250,8 +269,18 @@ impl VolumeSpecBuilder {
             labels: self.labels,
             annotations: self.annotations,
             source,
+            ownership: self.ownership,
         })
     }
+}
+
+fn check_ownership(grants: &Grants, asked: &Ownership) -> Result<(), SpecError> {
+    super::ownership::check(asked, &grants.volumes.uids, &grants.volumes.gids).map_err(
+        |e| match e {
+            OwnershipError::Mode(_) => invalid(e.to_string()),
+            OwnershipError::Uid { .. } | OwnershipError::Gid { .. } => not_granted(e.to_string()),
+        },
+    )
 }
 
 fn check_reclaim_policy(grants: &Grants, policy: ReclaimPolicy) -> Result<(), SpecError> {

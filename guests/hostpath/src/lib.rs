@@ -4,6 +4,7 @@
 //! ```text
 //! provision: config + class parameters ─▶ directory (PV name or pathPattern)
 //!            ─▶ VolumeSpec, checked against the grants ─▶ mkdir ─▶ spec to host
+//!            (which gives the directory the class's uid/gid/mode, if any)
 //! delete:    PV annotations (or hostPath) ─▶ directory ─▶ archive (rename) or remove
 //! ```
 //!
@@ -64,7 +65,8 @@ impl Provisioner for Hostpath {
                 } else {
                     "false"
                 },
-            );
+            )
+            .ownership(parameters.ownership);
         if let Some(node) = request.selected_node().or(config.node_name.as_deref()) {
             spec = spec.node_affinity_in(HOSTNAME_LABEL, &[node]);
         }
@@ -179,6 +181,28 @@ mod tests {
             host.logs().iter().any(|line| line.contains("already gone")),
             "{:?}",
             host.logs()
+        );
+    }
+
+    #[test]
+    fn owner_group_and_mode_go_to_the_host_within_its_grant() {
+        let dir = Dir::new("owner");
+        let request = request(&dir, &[("uid", "1000"), ("gid", "1000"), ("mode", "0700")]);
+        let error = Hostpath::provision(&request, &dir.host()).unwrap_err();
+        assert!(
+            matches!(&error, ProvisionError::Final(m) if m.contains("uids")),
+            "{error:?}"
+        );
+        assert_eq!(fs::read_dir(&dir.0).unwrap().count(), 0, "nothing created");
+        let granted = dir.host().uids(1000, 1999).gids(1000, 1000);
+        let spec = Hostpath::provision(&request, &granted).unwrap();
+        assert_eq!(
+            spec.ownership,
+            wasm_provisioner_sdk::Ownership {
+                uid: Some(1000),
+                gid: Some(1000),
+                mode: Some(0o700)
+            }
         );
     }
 

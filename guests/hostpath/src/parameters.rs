@@ -1,11 +1,18 @@
 //! The StorageClass parameters hostpath understands, parsed and checked in one place.
 
-use wasm_provisioner_sdk::{ParameterError, Parameters, StorageClass};
+use wasm_provisioner_sdk::{Ownership, ParameterError, Parameters, StorageClass};
 
 /// `pathPattern`: the directory of a volume, relative to the granted directory.
 pub const PATH_PATTERN: &str = "pathPattern";
 /// `archiveOnDelete`: rename the directory instead of removing it when the volume is deleted.
 pub const ARCHIVE_ON_DELETE: &str = "archiveOnDelete";
+/// `uid`, `gid`, `mode`: owner, group and octal mode of the volume's directory, applied by the
+/// host within the grant's `uids`/`gids`. Unset: the directory stays as the host creates it.
+pub const UID: &str = "uid";
+/// See [`UID`].
+pub const GID: &str = "gid";
+/// See [`UID`].
+pub const MODE: &str = "mode";
 
 /// The parsed class parameters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -14,6 +21,8 @@ pub struct ClassParameters {
     pub path_pattern: Option<String>,
     /// `archiveOnDelete` (default false).
     pub archive_on_delete: bool,
+    /// `uid`, `gid`, `mode` (default: none asked).
+    pub ownership: Ownership,
 }
 
 impl ClassParameters {
@@ -23,6 +32,11 @@ impl ClassParameters {
         let parsed = Self {
             path_pattern: params.string(PATH_PATTERN).map(str::to_owned),
             archive_on_delete: params.bool(ARCHIVE_ON_DELETE)?.unwrap_or(false),
+            ownership: Ownership {
+                uid: params.id(UID)?,
+                gid: params.id(GID)?,
+                mode: params.mode(MODE)?,
+            },
         };
         params.finish()?;
         Ok(parsed)
@@ -56,6 +70,23 @@ mod tests {
             !parse(&[("archiveOnDelete", "False")])
                 .unwrap()
                 .archive_on_delete
+        );
+    }
+
+    #[test]
+    fn owner_group_and_mode() {
+        let parsed = parse(&[("uid", "1000"), ("gid", "2000"), ("mode", "0750")]).unwrap();
+        assert_eq!(
+            parsed.ownership,
+            Ownership {
+                uid: Some(1000),
+                gid: Some(2000),
+                mode: Some(0o750)
+            }
+        );
+        assert_eq!(
+            parse(&[("uid", "bob")]).unwrap_err(),
+            "parameter uid: expected a numeric id from 0 to 4294967294, got bob"
         );
     }
 

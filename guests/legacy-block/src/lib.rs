@@ -1,11 +1,12 @@
-//! legacy-block: the contract before the `capabilities` hook, `block-support` only (see README).
+//! legacy-block: a guest built against the released 0.1.0 contract (its own frozen `wit/` copy),
+//! exporting `block-support` only, not the `capabilities` hook (see README).
 //!
 //! ```text
 //! supports-block ─▶ true          provision / delete ─▶ final error (nothing is built)
 //! ```
 
 wit_bindgen::generate!({
-    path: "../../wit",
+    path: "wit",
     inline: "package test:legacy-block;
              world legacy {
                  include wasm-provisioner:provisioner/provisioner@0.1.0;

@@ -44,7 +44,8 @@ impl Provisioner for LocalPath {
             }
             VolumeType::Local => VolumeSpec::local(&plan.path),
         }
-        .from_request(request);
+        .from_request(request)
+        .ownership(plan.settings.ownership);
         spec = match &plan.node {
             Some(node) => spec
                 .node_affinity_in(&plan.settings.node_affinity_key, &[node])

@@ -3,8 +3,8 @@
 
 use wasm_provisioner_sdk::pattern::{self, PatternValues};
 use wasm_provisioner_sdk::{
-    AccessMode, Claim, ParameterError, Parameters, ProvisionError, ProvisionRequest, Volume,
-    VolumeSource, final_error,
+    AccessMode, Claim, Ownership, ParameterError, Parameters, ProvisionError, ProvisionRequest,
+    Volume, VolumeSource, final_error, parse_id, parse_mode,
 };
 
 use crate::config::LocalPathConfig;
@@ -39,6 +39,9 @@ pub struct ClassSettings {
     pub volume_type: VolumeType,
     /// `nodeAffinityKey`.
     pub node_affinity_key: String,
+    /// `userPattern`, `groupPattern`, `permPattern`, expanded and parsed: the owner uid, group
+    /// gid and octal mode the host gives the volume's directory (none asked by default).
+    pub ownership: Ownership,
 }
 
 impl ClassSettings {
@@ -53,6 +56,29 @@ impl ClassSettings {
             .string("nodeAffinityKey")
             .unwrap_or(HOSTNAME_LABEL)
             .to_owned();
+        // The original renders these templates for its helper script's chown/chmod; here they
+        // are expanded like pathPattern and must come out as numbers the host can apply.
+        let values = PatternValues::of(request);
+        let mut expanded = |name: &str, parse: fn(&str, &str) -> Result<u32, ParameterError>| {
+            params
+                .string(name)
+                .map(|text| {
+                    let value = pattern::substitute(text, &values).map_err(|e| {
+                        ParameterError::Invalid {
+                            name: name.to_owned(),
+                            expected: "a pattern that expands".to_owned(),
+                            got: e.to_string(),
+                        }
+                    })?;
+                    parse(name, value.trim())
+                })
+                .transpose()
+        };
+        let ownership = Ownership {
+            uid: expanded("userPattern", parse_id)?,
+            gid: expanded("groupPattern", parse_id)?,
+            mode: expanded("permPattern", parse_mode)?,
+        };
         params.finish()?;
         let volume_type = match request.claim.annotation("volumeType").or(class_type) {
             None => VolumeType::HostPath,
@@ -72,6 +98,7 @@ impl ClassSettings {
             allow_unsafe_path_pattern,
             volume_type,
             node_affinity_key,
+            ownership,
         })
     }
 }
@@ -281,6 +308,43 @@ mod tests {
 
     fn plan_of(r: &ProvisionRequest) -> Result<Plan, ProvisionError> {
         plan(r, &LocalPathConfig::parse(CONFIG).unwrap(), |_| false)
+    }
+
+    #[test]
+    fn user_group_and_perm_patterns_expand_to_an_owner() {
+        let mut r = req(
+            &[
+                ("userPattern", "${pvc.annotations.uid}"),
+                ("groupPattern", "1000"),
+                ("permPattern", "0770"),
+            ],
+            Some("node-1"),
+        );
+        r.claim
+            .annotations
+            .push(wasm_provisioner_sdk::pair("uid", "1234"));
+        let p = plan_of(&r).unwrap();
+        assert_eq!(
+            p.settings.ownership,
+            Ownership {
+                uid: Some(1234),
+                gid: Some(1000),
+                mode: Some(0o770)
+            }
+        );
+        let error = plan_of(&req(&[("userPattern", "${pvc.name}")], Some("node-1"))).unwrap_err();
+        assert!(
+            matches!(&error, ProvisionError::Final(m) if m.contains("userPattern") && m.contains("numeric id")),
+            "{error:?}"
+        );
+        assert_eq!(
+            plan_of(&req(&[], Some("node-1")))
+                .unwrap()
+                .settings
+                .ownership,
+            Ownership::default(),
+            "nothing asked by default"
+        );
     }
 
     #[test]

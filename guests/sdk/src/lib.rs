@@ -29,8 +29,8 @@ pub use config::{ConfigError, join, parse_config, require_absolute};
 pub use host::Host;
 #[cfg(target_arch = "wasm32")]
 pub use host::WasmHost;
-pub use params::{ParameterError, Parameters, parse_bool};
-pub use spec::VolumeSpec;
+pub use params::{ParameterError, Parameters, parse_bool, parse_id, parse_mode};
+pub use spec::{Ownership, VolumeSpec};
 pub use types::*;
 
 /// A provisioner guest. Implement `provision` and `delete`; the hooks have the host's defaults

@@ -122,6 +122,20 @@ impl<'a> Parameters<'a> {
             .transpose()
     }
 
+    /// A user or group id (decimal, as `chown` takes it numerically).
+    pub fn id(&mut self, name: &str) -> Result<Option<u32>, ParameterError> {
+        self.string(name)
+            .map(|value| parse_id(name, value))
+            .transpose()
+    }
+
+    /// Permission bits in octal (`"0770"`, `"770"`), as `chmod` takes them.
+    pub fn mode(&mut self, name: &str) -> Result<Option<u32>, ParameterError> {
+        self.string(name)
+            .map(|value| parse_mode(name, value))
+            .transpose()
+    }
+
     /// Refuses parameters that were never asked for, so typos do not pass silently.
     pub fn finish(self) -> Result<(), ParameterError> {
         let mut names: Vec<String> = self
@@ -146,6 +160,24 @@ fn invalid(name: &str, expected: &str, got: &str) -> ParameterError {
         expected: expected.to_owned(),
         got: got.to_owned(),
     }
+}
+
+/// A user or group id given as parameter `name`: decimal, 0 to 4294967294.
+pub fn parse_id(name: &str, value: &str) -> Result<u32, ParameterError> {
+    value
+        .parse::<u32>()
+        .ok()
+        .filter(|id| *id != u32::MAX && !value.starts_with('+'))
+        .ok_or_else(|| invalid(name, "a numeric id from 0 to 4294967294", value))
+}
+
+/// Permission bits given as parameter `name`: octal digits, at most `7777`.
+pub fn parse_mode(name: &str, value: &str) -> Result<u32, ParameterError> {
+    let digits = value.strip_prefix("0o").unwrap_or(value);
+    u32::from_str_radix(digits, 8)
+        .ok()
+        .filter(|mode| *mode <= 0o7777 && !digits.is_empty() && !digits.starts_with('+'))
+        .ok_or_else(|| invalid(name, "octal permission bits such as 0770", value))
 }
 
 /// Booleans as Go's `strconv.ParseBool` reads them, which is what StorageClass authors expect.
@@ -209,6 +241,25 @@ mod tests {
         assert_eq!(
             params.finish().unwrap_err().to_string(),
             "unknown StorageClass parameters: pathPatern, zeta (known: pathPattern, archiveOnDelete)"
+        );
+    }
+
+    #[test]
+    fn ids_and_modes_parse_as_chown_and_chmod_take_them() {
+        assert_eq!(parse_id("uid", "1000"), Ok(1000));
+        assert_eq!(parse_id("uid", "0"), Ok(0));
+        for bad in ["-1", "+5", "4294967295", "1e3", "", "root"] {
+            assert!(parse_id("uid", bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_mode("mode", "0770"), Ok(0o770));
+        assert_eq!(parse_mode("mode", "2775"), Ok(0o2775));
+        assert_eq!(parse_mode("mode", "0o700"), Ok(0o700));
+        for bad in ["", "8", "17777", "rwx", "+7", "0x1ff"] {
+            assert!(parse_mode("mode", bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            parse_mode("permPattern", "999").unwrap_err().to_string(),
+            "parameter permPattern: expected octal permission bits such as 0770, got 999"
         );
     }
 }

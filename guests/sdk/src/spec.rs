@@ -32,6 +32,28 @@ pub struct VolumeSpec {
     pub annotations: BTreeMap<String, String>,
     /// The storage source.
     pub source: Option<VolumeSource>,
+    /// Owner uid, group gid and mode the host gives the volume's directory (since contract
+    /// 0.1.1; a `hostPath` or `local` directory that exists when the spec is returned).
+    pub ownership: Ownership,
+}
+
+/// Owner, group and permission bits for a volume's directory; `None` parts stay as they are.
+/// The host applies them (WASI has no chown or chmod) within the grant's `uids`/`gids` ranges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ownership {
+    /// Owner uid.
+    pub uid: Option<u32>,
+    /// Group gid.
+    pub gid: Option<u32>,
+    /// Permission bits, at most `0o7777`.
+    pub mode: Option<u32>,
+}
+
+impl Ownership {
+    /// Whether nothing is asked.
+    pub fn is_empty(&self) -> bool {
+        *self == Ownership::default()
+    }
 }
 
 impl VolumeSpec {
@@ -129,6 +151,13 @@ impl VolumeSpec {
         self
     }
 
+    /// Asks the host to give the volume's directory `ownership` (see [`Ownership`]).
+    #[must_use]
+    pub fn ownership(mut self, ownership: Ownership) -> Self {
+        self.ownership = ownership;
+        self
+    }
+
     /// Adds a label.
     #[must_use]
     pub fn label(mut self, key: &str, value: &str) -> Self {
@@ -186,6 +215,10 @@ impl VolumeSpec {
         }
         for (key, value) in &self.annotations {
             built.annotation(key, value)?;
+        }
+        if !self.ownership.is_empty() {
+            let Ownership { uid, gid, mode } = self.ownership;
+            built.ownership(uid, gid, mode)?;
         }
         match &self.source {
             Some(VolumeSource::HostPath(source)) => built.host_path(&source.path, source.kind)?,

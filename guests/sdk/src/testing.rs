@@ -23,6 +23,8 @@ pub struct FakeHost {
     host_path_prefixes: Vec<String>,
     local_prefixes: Vec<String>,
     nfs_servers: Vec<String>,
+    uids: Vec<(u32, u32)>,
+    gids: Vec<(u32, u32)>,
     logs: RefCell<Vec<(LogLevel, String)>>,
 }
 
@@ -50,6 +52,20 @@ impl FakeHost {
     #[must_use]
     pub fn nfs_server(mut self, server: &str) -> Self {
         self.nfs_servers.push(server.to_owned());
+        self
+    }
+
+    /// Grants owner uids `first..=last` (none by default, as in a grant file).
+    #[must_use]
+    pub fn uids(mut self, first: u32, last: u32) -> Self {
+        self.uids.push((first, last));
+        self
+    }
+
+    /// Grants group gids `first..=last` (none by default).
+    #[must_use]
+    pub fn gids(mut self, first: u32, last: u32) -> Self {
+        self.gids.push((first, last));
         self
     }
 
@@ -89,7 +105,8 @@ impl Host for FakeHost {
     }
 
     /// The host's main checks, in small: source present, kind granted, path normalised and
-    /// under a granted prefix, server granted, `local` with node affinity, no reserved keys.
+    /// under a granted prefix, server granted, `local` with node affinity, owner and group
+    /// within the granted ranges, no reserved keys.
     fn check(&self, spec: &VolumeSpec) -> Result<(), SpecError> {
         let refused = |what: String| Err(SpecError::NotGranted(what));
         let (path, prefixes) = match &spec.source {
@@ -122,6 +139,26 @@ impl Host for FakeHost {
             return refused(format!(
                 "path {path:?} is outside the granted prefixes {prefixes:?}"
             ));
+        }
+        let granted = |id: Option<u32>, ranges: &[(u32, u32)]| {
+            id.is_none_or(|id| {
+                ranges
+                    .iter()
+                    .any(|(first, last)| (*first..=*last).contains(&id))
+            })
+        };
+        let ownership = &spec.ownership;
+        if !granted(ownership.uid, &self.uids) || !granted(ownership.gid, &self.gids) {
+            return refused(format!(
+                "owner {ownership:?} is outside the granted uids {:?} / gids {:?}",
+                self.uids, self.gids
+            ));
+        }
+        if ownership.mode.is_some_and(|mode| mode > 0o7777) {
+            return Err(SpecError::Invalid(format!(
+                "mode {:o} has bits beyond 0o7777",
+                ownership.mode.unwrap_or_default()
+            )));
         }
         for key in spec.annotations.keys().chain(spec.labels.keys()) {
             if key.starts_with("kubernetes.io/") || key.contains(".kubernetes.io/") {
