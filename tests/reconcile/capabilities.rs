@@ -17,20 +17,7 @@ fn with_selector(name: &str) -> Value {
 
 /// The notes of the events written so far.
 fn event_notes(world: &World) -> Vec<String> {
-    world
-        .api
-        .objects_under("/api")
-        .into_iter()
-        .filter(|o| o["reason"].is_string())
-        .map(|e| {
-            let note = e["note"].as_str().or(e["message"].as_str());
-            format!(
-                "{}: {}",
-                e["reason"].as_str().unwrap(),
-                note.unwrap_or_default()
-            )
-        })
-        .collect()
+    world.api.event_notes()
 }
 
 #[tokio::test]

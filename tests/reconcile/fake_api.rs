@@ -127,6 +127,24 @@ impl FakeApi {
             .collect()
     }
 
+    /// `reason: note` of the events written so far.
+    pub fn event_notes(&self) -> Vec<String> {
+        let state = self.0.lock().unwrap();
+        state
+            .objects
+            .iter()
+            .filter(|(path, _)| path.contains("/events/"))
+            .map(|(_, e)| {
+                let note = e["note"].as_str().or(e["message"].as_str());
+                format!(
+                    "{}: {}",
+                    e["reason"].as_str().unwrap_or_default(),
+                    note.unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+
     /// Reasons of the events written so far.
     pub fn event_reasons(&self) -> Vec<String> {
         let state = self.0.lock().unwrap();

@@ -13,6 +13,7 @@ mod claim_path;
 mod common;
 mod fake_api;
 mod log_safety;
+mod ownership;
 mod recovery;
 mod relist;
 mod volume_path;
@@ -102,6 +103,17 @@ impl World {
     /// A world whose one guest, serving `P`, is `crate_name`, granted its storage at
     /// `guest_dir`, with `limits` (16 slots unless they say).
     fn of(crate_name: &str, guest_dir: &str, settings: Settings, limits: &str) -> World {
+        World::with_grant(crate_name, guest_dir, settings, limits, |grant| grant)
+    }
+
+    /// [`World::of`], with the grant file text passed through `edit` before it is written.
+    fn with_grant(
+        crate_name: &str,
+        guest_dir: &str,
+        settings: Settings,
+        limits: &str,
+        edit: impl FnOnce(String) -> String,
+    ) -> World {
         let storage = tempfile::tempdir().expect("tempdir");
         let limits = if limits.contains("max-concurrency") {
             limits.to_string()
@@ -112,7 +124,7 @@ impl World {
         plugins.add(
             crate_name,
             crate_name,
-            &dir_grant(P, storage.path(), guest_dir, &limits),
+            &edit(dir_grant(P, storage.path(), guest_dir, &limits)),
         );
         let loaded = load_dir(&WasmEngine::new().expect("engine"), plugins.path()).expect("load");
         let api = FakeApi::default();
