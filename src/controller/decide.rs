@@ -77,10 +77,20 @@ pub fn wants_block(pvc: &PersistentVolumeClaim) -> bool {
 /// What the claim needs beyond a plain volume. A guest that does not declare all of it is never
 /// called for the claim: it is refused, not provisioned as if it needed nothing.
 pub fn claim_needs(pvc: &PersistentVolumeClaim) -> Capabilities {
+    use super::data_source::{self, DataSource};
     let selector = pvc.spec.as_ref().is_some_and(|s| s.selector.is_some());
+    let source = data_source::of(pvc);
     Capabilities::NONE
         .with_if(Capability::Block, wants_block(pvc))
         .with_if(Capability::Selector, selector)
+        .with_if(
+            Capability::Clone,
+            matches!(source, DataSource::Claim { .. }),
+        )
+        .with_if(
+            Capability::Snapshot,
+            matches!(source, DataSource::Snapshot { .. }),
+        )
 }
 
 /// Whether an object carries a finalizer.

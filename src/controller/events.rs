@@ -36,6 +36,8 @@ pub const STORAGE_KEPT: &str = "StorageKept";
 pub const WAITING_FOR_GUEST: &str = "WaitingForGuest";
 /// Normal: the claim was deleted while provisioning and its storage was cleaned up.
 pub const PROVISIONING_ABANDONED: &str = "ProvisioningAbandoned";
+/// Normal: the claim's data source is an external populator's kind; it is left to it.
+pub const LEFT_TO_POPULATOR: &str = "LeftToPopulator";
 /// Normal: node mode picked this instance's node for an immediate-binding claim.
 pub const NODE_SELECTED: &str = "NodeSelected";
 /// Warning: a Released PV's node no longer exists; the PV was deleted without cleaning up.

@@ -10,6 +10,7 @@ pub mod cache;
 pub mod claim_watch;
 pub mod claims;
 pub mod convert;
+pub mod data_source;
 pub mod decide;
 pub mod events;
 pub mod failures;

@@ -25,17 +25,29 @@ pub enum Capability {
     Block,
     /// `spec.selector`.
     Selector,
+    /// A copy of another claim (`spec.dataSource` naming a PersistentVolumeClaim). Declared by
+    /// exporting the `cloning` hook, not by a flag: the hook is what the host calls.
+    Clone,
+    /// A restore of a VolumeSnapshot. No guest can declare it yet (the contract has no snapshot
+    /// restore), so such claims are always refused, never provisioned empty.
+    Snapshot,
 }
 
 impl Capability {
     /// Every capability the host knows, in the order a claim's needs are checked.
-    pub const ALL: [Capability; 2] = [Capability::Block, Capability::Selector];
+    pub const ALL: [Capability; 4] = [
+        Capability::Block,
+        Capability::Selector,
+        Capability::Clone,
+        Capability::Snapshot,
+    ];
 
-    /// Its flag name in the WIT `capability-set`.
-    pub fn flag(self) -> &'static str {
+    /// Its flag name in the WIT `capability-set`; `None` for what no flag declares.
+    pub fn flag(self) -> Option<&'static str> {
         match self {
-            Capability::Block => "block",
-            Capability::Selector => "selector",
+            Capability::Block => Some("block"),
+            Capability::Selector => Some("selector"),
+            Capability::Clone | Capability::Snapshot => None,
         }
     }
 
@@ -49,11 +61,17 @@ impl Capability {
             Capability::Selector => format!(
                 "claim Selector is not supported: {provisioner} does not handle claims with a selector (spec.selector): guest {guest} declares no `selector` capability"
             ),
+            Capability::Clone => format!(
+                "this class cannot copy from a PersistentVolumeClaim: guest {guest} of {provisioner} does not export the `cloning` hook; a clone is never provisioned as an empty volume"
+            ),
+            Capability::Snapshot => format!(
+                "this class cannot copy from a VolumeSnapshot: {provisioner} (guest {guest}) cannot restore snapshots, the guest contract has no snapshot restore yet; a restore is never provisioned as an empty volume"
+            ),
         }
     }
 
     fn from_flag(name: &str) -> Option<Capability> {
-        Capability::ALL.into_iter().find(|c| c.flag() == name)
+        Capability::ALL.into_iter().find(|c| c.flag() == Some(name))
     }
 }
 
@@ -157,9 +175,9 @@ mod tests {
         assert!(declared.has(Capability::Block) && declared.has(Capability::Selector));
         assert_eq!(Capabilities::from_flags([]), Capabilities::NONE);
         assert_eq!(
-            Capabilities::from_flags(["clone"]),
+            Capabilities::from_flags(["clone", "snapshot", "later"]),
             Capabilities::NONE,
-            "a later host's flag means nothing here"
+            "only the hooks declare copies; a later host's flag means nothing here"
         );
     }
 

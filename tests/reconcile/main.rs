@@ -11,6 +11,7 @@ mod claim_intents;
 mod claim_path;
 #[path = "../common/mod.rs"]
 mod common;
+mod data_sources;
 mod fake_api;
 mod log_safety;
 mod ownership;

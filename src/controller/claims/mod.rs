@@ -224,6 +224,31 @@ async fn provision(handle: &Handle<'_>, pvc: &PersistentVolumeClaim) -> Result<D
             warn_claim(handle, pvc, events::PROVISIONING_FAILED, error.to_string());
             Err(error)
         }
+        ClaimPlan::ForPopulator { kind, api_group } => {
+            // The leader says it, once for this spec (given up: no retries, nothing recorded),
+            // and drops a finalizer an earlier version of us may have added.
+            handle.lease().await?;
+            handle.release_claim::<ClaimError>(pvc).await?;
+            let ctx = handle.ctx();
+            let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
+            ctx.claim_book.give_up(uid, claim_fingerprint(pvc, ctx));
+            let group = if api_group.is_empty() {
+                "core"
+            } else {
+                api_group
+            };
+            handle.event(
+                &pvc.object_ref(&()),
+                Event::normal(
+                    events::LEFT_TO_POPULATOR,
+                    EventAction::Provision,
+                    format!(
+                        "the claim's data source is a {kind} (API group {group}), which only a volume populator can fill: this provisioner leaves the claim to it and creates no volume"
+                    ),
+                ),
+            );
+            Ok(Done::Nothing)
+        }
         ClaimPlan::FinishDeleted(_) => endings::finish_deleted_claim(handle, pvc).await,
         ClaimPlan::FinishDeletedNodeGone(node) => {
             endings::finish_deleted_claim_of_gone_node(handle, pvc, &node).await

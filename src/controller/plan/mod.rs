@@ -9,6 +9,7 @@ pub use volume::{DeleteOrder, VolumeFacts, VolumePlan, plan_volume};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 
+use super::data_source::{self, DataSource};
 use super::decide::{self, ClaimDecision, Serving};
 use super::node::ClaimOwner;
 use crate::wasm::CallError;
@@ -66,6 +67,14 @@ pub enum ClaimPlan<'a, G = ()> {
     FinishDeletedNodeGone(String),
     /// Node mode: an immediate-binding claim this instance competes for.
     Compete,
+    /// Ours by class, but its data source names a kind an external populator serves: leave it
+    /// to the populator (drop our finalizer if an earlier version of us added it), say so once.
+    ForPopulator {
+        /// The kind its data source names.
+        kind: &'a str,
+        /// That kind's API group ("" for the core group).
+        api_group: &'a str,
+    },
     /// The guest or the class is at its limit: look again shortly; not a failure.
     Busy(&'static str),
     /// Call the guest.
@@ -118,6 +127,9 @@ pub fn plan_claim<'a, F: ClaimFacts>(
         ClaimDecision::Provision { provisioner, class } => (provisioner, class),
     };
     let class = class.expect("decided with a class");
+    if let DataSource::Populator { kind, api_group } = data_source::of(pvc) {
+        return ClaimPlan::ForPopulator { kind, api_group };
+    }
     if !facts.volumes_listed() {
         // Right after a start: whether its PV exists, and which node paths are served (the
         // index a returned path is checked against), are not known yet.
