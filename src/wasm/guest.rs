@@ -25,9 +25,7 @@ use wasmtime::component::InstancePre;
 use super::bindings::types::{
     Claim, DeleteRequest, ProvisionRequest, StorageClass, Volume, VolumeSource,
 };
-use super::bindings::{
-    VolumeSpecBuilder, block_support, cloning, deletion_guard, lifecycle, qualifier,
-};
+use super::bindings::{VolumeSpecBuilder, block_support, deletion_guard, lifecycle, qualifier};
 use super::call::{
     ASYNC_TIMEOUT_MARGIN, CallOutcome, CallSite, Delete, Export, Output, Provision, ShouldDelete,
     ShouldProvision, Supported, SupportsBlock,
@@ -61,7 +59,6 @@ pub struct Guest {
     pub(super) qualifier: Option<qualifier::GuestIndices>,
     pub(super) deletion_guard: Option<deletion_guard::GuestIndices>,
     pub(super) block_support: Option<block_support::GuestIndices>,
-    pub(super) cloning: Option<cloning::GuestIndices>,
     /// `capabilities.supported`, called by name ([`super::capabilities`]).
     pub(super) capabilities: Option<wasmtime::component::ComponentExportIndex>,
     pub(super) metrics: Option<Metrics>,
@@ -233,8 +230,8 @@ impl Guest {
     }
 
     /// What the guest serves beyond a plain claim: its `capabilities` hook, else (a guest built
-    /// before that hook) `block` when its `block-support` hook says yes, else nothing; and
-    /// clones when it exports the `cloning` hook.
+    /// before that hook) `block` when its `block-support` hook says yes, else nothing. Copies
+    /// (clones, restores) no guest can declare yet: the contract has no hook that makes them.
     pub async fn capabilities(&self) -> Result<Capabilities, CallError> {
         let declared = if self.capabilities.is_some() {
             self.dispatch(|guest| async move {
@@ -248,7 +245,7 @@ impl Guest {
             let block = self.supports_block().await?;
             Capabilities::NONE.with_if(Capability::Block, block)
         };
-        Ok(declared.with_if(Capability::Clone, self.cloning.is_some()))
+        Ok(declared)
     }
 
     /// The checks a returned volume passes before it may become a PV: the grants, the
