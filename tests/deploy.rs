@@ -247,6 +247,7 @@ fn the_deployment_passes_only_real_flags_and_is_locked_down() {
     assert_eq!(security.allow_privilege_escalation, Some(false));
     let pod_security = pod.security_context.as_ref().unwrap();
     assert_eq!(pod_security.run_as_non_root, Some(true));
+    only_the_serving_container_holds_capabilities(&pod);
     assert!(
         container
             .resources
@@ -421,6 +422,39 @@ fn the_node_daemonset_runs_node_mode_on_the_nodes_storage() {
             .read_only_root_filesystem,
         Some(true)
     );
+    only_the_serving_container_holds_capabilities(&pod);
+}
+
+/// The serving container is root with exactly CHOWN, FOWNER and DAC_OVERRIDE (each justified in
+/// docs/threat-model.md, "Owners and deletes"); every other container drops all and adds none.
+fn only_the_serving_container_holds_capabilities(pod: &k8s_openapi::api::core::v1::PodSpec) {
+    let capabilities = |c: &k8s_openapi::api::core::v1::Container| {
+        let caps = c
+            .security_context
+            .as_ref()
+            .and_then(|s| s.capabilities.clone())
+            .unwrap_or_default();
+        (caps.drop.unwrap_or_default(), caps.add.unwrap_or_default())
+    };
+    let serving = &pod.containers[0];
+    let (drop, mut add) = capabilities(serving);
+    add.sort();
+    assert_eq!(drop, ["ALL"]);
+    assert_eq!(add, ["CHOWN", "DAC_OVERRIDE", "FOWNER"]);
+    let security = serving.security_context.as_ref().unwrap();
+    assert_eq!(security.run_as_user, Some(0));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    for other in pod.init_containers.iter().flatten() {
+        let (drop, add) = capabilities(other);
+        assert_eq!(drop, ["ALL"], "{}", other.name);
+        assert!(add.is_empty(), "{} adds {add:?}", other.name);
+        assert_eq!(
+            other.security_context.as_ref().and_then(|s| s.run_as_user),
+            None,
+            "{} runs as the pod's non-root user",
+            other.name
+        );
+    }
 }
 
 /// The README is for a newcomer: short, and a way into every document of `docs/`.

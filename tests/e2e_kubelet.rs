@@ -21,13 +21,14 @@ use wp_harness::{
 
 use common::repo;
 
-/// deploy/'s runAsUser for the provisioner.
-const PROVISIONER_UID: i64 = 65532;
+/// A tenant's user and group, within deploy/'s grant (`uids`/`gids` 1000-59999).
+const TENANT_UID: i64 = 1000;
 
 /// The cases, in the order they run.
 const CASES: &[&str] = &[
     "deploy_runs_as_shipped_and_a_pod_writes_into_its_claim",
     "a_hostile_pod_exposes_nothing_and_its_volume_is_deleted_cleanly",
+    "a_non_root_pod_writes_into_the_volume_its_class_gives_it",
     "leader_failover_with_real_pods",
     "node_daemonset_provisions_for_the_pod_the_scheduler_placed",
     "two_node_runs_one_after_the_other_leave_nothing_behind",
@@ -116,6 +117,9 @@ fn run_cases(selected: &[&str]) -> Vec<(&'static str, Result<(), String>)> {
                     }
                     "a_hostile_pod_exposes_nothing_and_its_volume_is_deleted_cleanly" => {
                         hostile_pod(&mut world).await
+                    }
+                    "a_non_root_pod_writes_into_the_volume_its_class_gives_it" => {
+                        owned_volume(&mut world).await
                     }
                     "leader_failover_with_real_pods" => leader_failover(&mut world).await,
                     "node_daemonset_provisions_for_the_pod_the_scheduler_placed" => {
@@ -212,16 +216,14 @@ async fn hostile_pod(world: &mut NodeCluster) -> anyhow::Result<()> {
     world.create_claim("default", "planted", "hostpath").await?;
     let planted = world.wait_bound("default", "planted").await?;
     let planted_path = world.host_path_of(&planted)?;
-    // As the provisioner's user (deploy/'s 65532): a root pod's files in a hostPath volume are
-    // beyond what the non-root provisioner may delete (a known limit, docs/threat-model.md).
+    // As root: the provisioner deletes what a root pod planted (DAC_OVERRIDE, deploy/).
     world
-        .run_pod_as(
+        .run_pod(
             "planter",
             "planted",
             "ln -s /etc /data/etc-link && mkfifo /data/fifo && d=/data/deep && \
              for i in $(seq 100); do d=$d/d; done && mkdir -p $d && echo planted > $d/leaf && \
-             ls /data",
-            PROVISIONER_UID,
+             chmod 000 /data/deep && ls /data",
         )
         .await?;
     ensure!(
@@ -235,11 +237,10 @@ async fn hostile_pod(world: &mut NodeCluster) -> anyhow::Result<()> {
     let after = world.wait_bound("default", "after-1").await?;
     let after_2 = world.wait_bound("default", "after-2").await?;
     world
-        .run_pod_as(
+        .run_pod(
             "reader",
             "after-1",
             "echo own > /data/own && find /data | sort",
-            PROVISIONER_UID,
         )
         .await?;
     let seen = world.pod_output("default", "reader")?;
@@ -269,6 +270,87 @@ async fn hostile_pod(world: &mut NodeCluster) -> anyhow::Result<()> {
     world
         .delete_claim_and_wait_storage("default", "after-2", &after_2)
         .await?;
+    world.assert_no_forbidden()
+}
+
+/// (c2) A class asks for uid and gid 1000 and mode 0700: a pod running as 1000 (no fsGroup)
+/// writes into its volume, a pod of another user cannot; a class asking for uid 0 gets a
+/// ProvisioningFailed event and no PV; the owned volume (1000's 0700 tree) is deleted cleanly.
+async fn owned_volume(world: &mut NodeCluster) -> anyhow::Result<()> {
+    world
+        .apply_yaml(
+            r#"apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: { name: hostpath-owned }
+provisioner: wasm-provisioner.dev/hostpath
+reclaimPolicy: Delete
+parameters: { uid: "1000", gid: "1000", mode: "0700" }
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: { name: hostpath-as-root }
+provisioner: wasm-provisioner.dev/hostpath
+reclaimPolicy: Delete
+parameters: { uid: "0" }
+"#,
+        )
+        .await?;
+    world
+        .create_claim("default", "owned", "hostpath-owned")
+        .await?;
+    let owned = world.wait_bound("default", "owned").await?;
+    let path = world.host_path_of(&owned)?;
+    let meta = std::fs::metadata(&path)?;
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        ensure!(
+            (meta.uid(), meta.gid(), meta.permissions().mode() & 0o7777) == (1000, 1000, 0o700),
+            "{} is {}:{} {:o}",
+            path.display(),
+            meta.uid(),
+            meta.gid(),
+            meta.permissions().mode() & 0o7777
+        );
+    }
+    world
+        .run_pod_as(
+            "tenant",
+            "owned",
+            "echo mine > /data/f && mkdir /data/sub && echo deep > /data/sub/g && chmod 700 /data/sub && cat /data/f",
+            TENANT_UID,
+        )
+        .await?;
+    ensure!(world.pod_output("default", "tenant")? == "mine");
+    let stranger = world
+        .run_pod_as("stranger", "owned", "echo x > /data/intruder", 2000)
+        .await;
+    ensure!(
+        stranger.is_err() && !path.join("intruder").exists(),
+        "a pod of user 2000 wrote into 1000's 0700 volume: {stranger:?}"
+    );
+    println!(
+        "owned volume: uid 1000 wrote, uid 2000 refused: {}",
+        stranger.err().map(|e| format!("{e:#}")).unwrap_or_default()
+    );
+
+    world
+        .create_claim("default", "as-root", "hostpath-as-root")
+        .await?;
+    let failed = world
+        .wait_event("default", "as-root", "ProvisioningFailed")
+        .await?;
+    ensure!(failed.contains("uid 0 is not granted"), "{failed}");
+    ensure!(
+        world.volume_name("default", "as-root").await?.is_none(),
+        "a PV for a class asking for root"
+    );
+
+    world.delete_pod("default", "tenant").await?;
+    world.delete_pod("default", "stranger").await?;
+    world
+        .delete_claim_and_wait_storage("default", "owned", &owned)
+        .await?;
+    world.delete_claim("default", "as-root").await?;
     world.assert_no_forbidden()
 }
 

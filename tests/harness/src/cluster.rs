@@ -14,7 +14,7 @@ use crate::wait::wait_for;
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
@@ -390,6 +390,55 @@ impl NodeCluster {
                 async move { Ok(gone.then_some(())) }
             },
         )
+        .await
+    }
+
+    /// Waits for an event of `reason` on claim `namespace/claim` and returns its message.
+    pub async fn wait_event(
+        &self,
+        namespace: &str,
+        claim: &str,
+        reason: &str,
+    ) -> anyhow::Result<String> {
+        let events: Api<Event> = Api::namespaced(self.admin.clone(), namespace);
+        let fields =
+            format!("involvedObject.kind=PersistentVolumeClaim,involvedObject.name={claim}");
+        wait_for(
+            &format!("a {reason} event on claim {namespace}/{claim}"),
+            STEP,
+            || async {
+                let list = events.list(&ListParams::default().fields(&fields)).await?;
+                Ok(list
+                    .into_iter()
+                    .find(|e| e.reason.as_deref() == Some(reason))
+                    .map(|e| e.message.unwrap_or_default()))
+            },
+        )
+        .await
+    }
+
+    /// The PV a claim names now, if any.
+    pub async fn volume_name(
+        &self,
+        namespace: &str,
+        claim: &str,
+    ) -> anyhow::Result<Option<String>> {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.admin.clone(), namespace);
+        Ok(claims
+            .get(claim)
+            .await?
+            .spec
+            .and_then(|s| s.volume_name)
+            .filter(|v| !v.is_empty()))
+    }
+
+    /// Deletes a claim that has no volume, and waits until it is gone.
+    pub async fn delete_claim(&self, namespace: &str, claim: &str) -> anyhow::Result<()> {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.admin.clone(), namespace);
+        claims.delete(claim, &DeleteParams::default()).await?;
+        wait_for(&format!("claim {namespace}/{claim} gone"), STEP, || async {
+            Ok(claims.get_opt(claim).await?.is_none().then_some(()))
+        })
         .await
     }
 
