@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use crate::controller::convert::PvIdentity;
+use crate::controller::data_source::{self, DataSource};
 use crate::controller::decide;
 use crate::controller::storage::{self, Deleted, Qualified};
 use crate::wasm::compiler::CompileLimits;
@@ -157,7 +158,12 @@ pub async fn provision(
         class_name: &class_name,
         held: false,
     };
-    let pv = storage::build(guest, &request, &identity).await?;
+    if let DataSource::Claim { name, .. } = data_source::of(&claim) {
+        bail!(
+            "the claim clones claim {name:?}: a copy needs its source read and held in the live cluster, which this command does not reach"
+        );
+    }
+    let pv = storage::build(guest, &request, None, &identity).await?;
     let mut yaml = String::from("apiVersion: v1\nkind: PersistentVolume\n");
     yaml.push_str(&serde_yaml::to_string(&pv)?);
     Ok(yaml)

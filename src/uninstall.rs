@@ -13,7 +13,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeCl
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 
-use crate::controller::decide::{self, FINALIZER_CLAIM, FINALIZER_PV, has_finalizer};
+use crate::controller::decide::{
+    self, FINALIZER_CLAIM, FINALIZER_CLONE_SOURCE, FINALIZER_PV, has_finalizer,
+};
 use crate::controller::storage::intent::{Intent, LOG_LABEL};
 
 /// What to release.
@@ -46,7 +48,7 @@ pub async fn release_finalizers(
             .context("listing claims (RBAC: list persistentvolumeclaims)")?
             .items
             .into_iter()
-            .filter(|c| has_finalizer(&c.metadata.finalizers, FINALIZER_CLAIM))
+            .filter(holds_ours)
             .filter(|c| {
                 provisioners.is_empty()
                     || decide::claim_provisioner(c).is_some_and(|p| provisioners.contains(p))
@@ -63,15 +65,32 @@ pub async fn release_finalizers(
                 .into_iter()
                 .find(|c| c.metadata.name.as_deref() == Some(name.as_str()))
                 .with_context(|| format!("claim {namespace}/{name} not found"))?;
-            if !has_finalizer(&claim.metadata.finalizers, FINALIZER_CLAIM) {
+            if !holds_ours(&claim) {
                 report.push_str(&format!(
-                    "claim {namespace}/{name} holds no {FINALIZER_CLAIM} finalizer\n"
+                    "claim {namespace}/{name} holds neither the {FINALIZER_CLAIM} nor the {FINALIZER_CLONE_SOURCE} finalizer\n"
                 ));
             }
             vec![claim]
         }
     };
     let mut released = 0;
+    for claim in claims
+        .iter()
+        .filter(|c| has_finalizer(&c.metadata.finalizers, FINALIZER_CLONE_SOURCE))
+    {
+        let (namespace, name) = (claim.namespace().unwrap_or_default(), claim.name_any());
+        if !dry_run {
+            let patch = decide::finalizer_patch(&claim.metadata.uid, FINALIZER_CLONE_SOURCE, false);
+            Api::<PersistentVolumeClaim>::namespaced(client.clone(), &namespace)
+                .patch(&name, &PatchParams::default(), &Patch::Strategic(&patch))
+                .await
+                .with_context(|| format!("releasing clone source {namespace}/{name}"))?;
+        }
+        released += 1;
+        report.push_str(&format!(
+            "{verb} clone source {namespace}/{name} (a clone of it still being copied may come out incomplete)\n"
+        ));
+    }
     for claim in claims
         .iter()
         .filter(|c| has_finalizer(&c.metadata.finalizers, FINALIZER_CLAIM))
@@ -130,6 +149,12 @@ pub async fn release_finalizers(
         ));
     }
     Ok(report)
+}
+
+/// Whether a claim holds one of our finalizers (provisioning, or clone source).
+fn holds_ours(claim: &PersistentVolumeClaim) -> bool {
+    has_finalizer(&claim.metadata.finalizers, FINALIZER_CLAIM)
+        || has_finalizer(&claim.metadata.finalizers, FINALIZER_CLONE_SOURCE)
 }
 
 /// The intent-log entries in `namespace` that still name storage (a delete that keeps failing,

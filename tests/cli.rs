@@ -29,7 +29,7 @@ fn inspect_reports_contract_and_hooks() {
         stdout.contains("contract:  wasm-provisioner:provisioner@0.1.1"),
         "{stdout}"
     );
-    assert!(stdout.contains("hooks:     none"), "{stdout}");
+    assert!(stdout.contains("hooks:     cloning"), "{stdout}");
     assert!(stdout.contains("runnable:  yes"), "{stdout}");
 
     let out = wasm_provisioner(&["inspect", guest_wasm("scripted").to_str().unwrap()]);

@@ -405,7 +405,15 @@ async fn a_runaway_guest_hits_its_deadline() {
 async fn hooks_default_when_absent_and_run_when_present() {
     let h = Fixture::new("hostpath", HOSTPATH, "/volumes", "");
     let hostpath = h.guest(HOSTPATH);
-    assert!(hostpath.contract().hooks.is_empty());
+    assert_eq!(
+        hostpath
+            .contract()
+            .hooks
+            .iter()
+            .map(|h| h.as_str())
+            .collect::<Vec<_>>(),
+        ["cloning"]
+    );
     assert!(
         !hostpath.supports_block().await.unwrap(),
         "no block hook: no block"
@@ -419,7 +427,7 @@ async fn hooks_default_when_absent_and_run_when_present() {
 
     let s = Fixture::new("scripted", SCRIPTED, "/state", "");
     let scripted = s.guest(SCRIPTED);
-    assert_eq!(scripted.contract().hooks.len(), 4);
+    assert_eq!(scripted.contract().hooks.len(), 5);
     assert!(scripted.supports_block().await.unwrap());
     let mut skipped = claim("c");
     skipped
@@ -447,8 +455,8 @@ async fn capabilities_come_from_the_hook_or_the_old_block_hook() {
     let h = Fixture::new("hostpath", HOSTPATH, "/volumes", "");
     assert_eq!(
         h.guest(HOSTPATH).capabilities().await.unwrap(),
-        Capabilities::NONE,
-        "hostpath declares nothing: no block, no selector"
+        Capabilities::NONE.with(Capability::Clone),
+        "hostpath clones (its cloning hook), and declares no block, no selector"
     );
     let s = Fixture::new("scripted", SCRIPTED, "/state", "");
     let scripted = s.guest(SCRIPTED).capabilities().await.unwrap();

@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::Deserialize;
 
-use super::decide::{self, FINALIZER_CLAIM, has_finalizer};
+use super::decide::{self, FINALIZER_CLAIM, FINALIZER_CLONE_SOURCE, has_finalizer};
 
 /// A cached claim or PV: whole, or settled down to its identity.
 #[derive(Debug, Clone)]
@@ -109,15 +109,17 @@ fn identity(meta: &ObjectMeta) -> ObjectMeta {
     }
 }
 
-/// A bound claim without our finalizer: no plan acts on it (it is provisioned, and no storage of
-/// ours depends on its deletion).
+/// A bound claim without a finalizer of ours: no plan acts on it (it is provisioned, no storage
+/// of ours depends on its deletion, and no clone holds it).
 pub fn claim_settled(pvc: &PersistentVolumeClaim) -> bool {
     let bound = pvc
         .spec
         .as_ref()
         .and_then(|s| s.volume_name.as_deref())
         .is_some_and(|v| !v.is_empty());
-    bound && !has_finalizer(&pvc.metadata.finalizers, FINALIZER_CLAIM)
+    bound
+        && !has_finalizer(&pvc.metadata.finalizers, FINALIZER_CLAIM)
+        && !has_finalizer(&pvc.metadata.finalizers, FINALIZER_CLONE_SOURCE)
 }
 
 /// A bound PV not being deleted whose finalizers are as they should be: the delete path acts

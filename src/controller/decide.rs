@@ -26,6 +26,9 @@ pub const FINALIZER_PV: &str = "external-provisioner.volume.kubernetes.io/finali
 /// Our claim finalizer: set before a guest is called, removed once the PV exists or the asset is
 /// gone, so neither a deleted claim nor a crash between guest call and PV create leaks storage.
 pub const FINALIZER_CLAIM: &str = "wasm-provisioner.dev/provisioning";
+/// Our finalizer on a claim whose data a guest is copying into a clone: set before the call,
+/// removed when it returns (or, after a crash, by the next reconcile of the source).
+pub const FINALIZER_CLONE_SOURCE: &str = "wasm-provisioner.dev/clone-source";
 
 /// A non-empty annotation value.
 fn annotation<'a>(annotations: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {

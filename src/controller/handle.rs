@@ -213,6 +213,39 @@ impl<'a> Handle<'a> {
         result
     }
 
+    /// Adds or removes `finalizer` (not our provisioning one: [`Handle::set_claim_finalizer`]
+    /// keeps the books for that) on a claim, with its UID as a precondition, so a namesake is
+    /// never touched. Removing it from a claim that is gone is done.
+    pub async fn set_other_claim_finalizer<E>(
+        &self,
+        pvc: &PersistentVolumeClaim,
+        finalizer: &str,
+        present: bool,
+    ) -> Result<PersistentVolumeClaim, E>
+    where
+        E: From<GateError> + From<kube::Error>,
+    {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(
+            self.ctx.client.clone(),
+            &pvc.namespace().unwrap_or_default(),
+        );
+        let patch = decide::finalizer_patch(&pvc.metadata.uid, finalizer, present);
+        self.gate.check().await?;
+        self.budget().await;
+        match claims
+            .patch(
+                &pvc.name_any(),
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
+            .await
+        {
+            Ok(updated) => Ok(updated),
+            Err(kube::Error::Api(status)) if status.is_not_found() && !present => Ok(pvc.clone()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
     /// The claim's storage is settled (its PV exists, the storage is gone, or the guest holds
     /// none): drop whatever intent record it has, our finalizer or its intent-log entry.
     pub async fn release_claim<E>(

@@ -181,6 +181,8 @@ pub struct Context {
     pub metrics: Metrics,
     /// Node mode's node cache and bookkeeping (None outside node mode).
     pub node: Option<node::NodeState>,
+    /// Claims a guest is copying into clones now (their finalizer's bookkeeping).
+    pub clone_sources: claims::CloneSources,
 }
 
 /// The caches a [`Context`] reads.
@@ -241,6 +243,7 @@ impl Context {
             turns,
             metrics,
             node,
+            clone_sources: claims::CloneSources::default(),
         }
     }
 

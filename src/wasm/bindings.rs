@@ -17,7 +17,7 @@ wasmtime::component::bindgen!({
 });
 
 pub use self::exports::wasm_provisioner::provisioner::{
-    block_support, deletion_guard, lifecycle, qualifier,
+    block_support, cloning, deletion_guard, lifecycle, qualifier,
 };
 pub use self::wasm_provisioner::provisioner::{host, types, volume_builder};
 

@@ -10,10 +10,13 @@ use wasmtime::component::{Instance, ResourceTableError};
 use wasmtime::{Engine, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{FsPerms, WasiCtx};
 
+use super::bindings::cloning::CloneSource;
 use super::bindings::types::{
     Claim, DeleteRequest, ProvisionError, ProvisionRequest, StorageClass, Volume,
 };
-use super::bindings::{VolumeSpecBuilder, block_support, deletion_guard, lifecycle, qualifier};
+use super::bindings::{
+    VolumeSpecBuilder, block_support, cloning, deletion_guard, lifecycle, qualifier,
+};
 use super::capabilities::Capabilities;
 use super::errors::{CallError, FaultKind, error_label};
 use super::grants::{DirAccess, Grants};
@@ -55,6 +58,11 @@ pub(super) struct Provision<'r> {
     pub(super) indices: &'r lifecycle::GuestIndices,
     pub(super) request: &'r ProvisionRequest,
 }
+pub(super) struct ProvisionClone<'r> {
+    pub(super) indices: &'r cloning::GuestIndices,
+    pub(super) request: &'r ProvisionRequest,
+    pub(super) source: &'r CloneSource,
+}
 pub(super) struct Delete<'r> {
     pub(super) indices: &'r lifecycle::GuestIndices,
     pub(super) request: &'r DeleteRequest,
@@ -81,6 +89,25 @@ impl Export for Provision<'_> {
     ) -> wasmtime::Result<Self::Output> {
         let exports = self.indices.load(&mut *store, instance)?;
         match exports.call_provision(&mut *store, self.request).await? {
+            Ok(spec) => Ok(Ok(store.data_mut().take_spec(spec)?)),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+}
+
+impl Export for ProvisionClone<'_> {
+    type Output = Result<VolumeSpecBuilder, ProvisionError>;
+    const OPERATION: &'static str = "provision-clone";
+    async fn invoke(
+        self,
+        store: &mut Store<GuestState>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Self::Output> {
+        let exports = self.indices.load(&mut *store, instance)?;
+        match exports
+            .call_provision_clone(&mut *store, self.request, self.source)
+            .await?
+        {
             Ok(spec) => Ok(Ok(store.data_mut().take_spec(spec)?)),
             Err(e) => Ok(Err(e)),
         }

@@ -25,8 +25,8 @@ pub enum Capability {
     Block,
     /// `spec.selector`.
     Selector,
-    /// A copy of another claim (`spec.dataSource` naming a PersistentVolumeClaim). No guest can
-    /// declare it yet (the contract has no clone hook), so such claims are always refused.
+    /// A copy of another claim (`spec.dataSource` naming a PersistentVolumeClaim). Declared by
+    /// exporting the `cloning` hook, not by a flag: the hook is what the host calls.
     Clone,
     /// A restore of a VolumeSnapshot. No guest can declare it yet (the contract has no snapshot
     /// restore), so such claims are always refused, never provisioned empty.
@@ -62,7 +62,7 @@ impl Capability {
                 "claim Selector is not supported: {provisioner} does not handle claims with a selector (spec.selector): guest {guest} declares no `selector` capability"
             ),
             Capability::Clone => format!(
-                "this class cannot copy from a PersistentVolumeClaim: {provisioner} (guest {guest}) cannot clone volumes, the guest contract has no clone hook yet; a clone is never provisioned as an empty volume"
+                "this class cannot copy from a PersistentVolumeClaim: guest {guest} of {provisioner} does not export the `cloning` hook; a clone is never provisioned as an empty volume"
             ),
             Capability::Snapshot => format!(
                 "this class cannot copy from a VolumeSnapshot: {provisioner} (guest {guest}) cannot restore snapshots, the guest contract has no snapshot restore yet; a restore is never provisioned as an empty volume"
@@ -177,7 +177,7 @@ mod tests {
         assert_eq!(
             Capabilities::from_flags(["clone", "snapshot", "later"]),
             Capabilities::NONE,
-            "no flag declares copies; a later host's flag means nothing here"
+            "only the hooks declare copies; a later host's flag means nothing here"
         );
     }
 

@@ -21,6 +21,8 @@ pub enum Hook {
     BlockSupport,
     /// `capabilities.supported`.
     Capabilities,
+    /// `cloning.provision-clone` (since 0.1.1).
+    Cloning,
 }
 
 impl Hook {
@@ -31,6 +33,7 @@ impl Hook {
             Hook::DeletionGuard => "deletion-guard",
             Hook::BlockSupport => "block-support",
             Hook::Capabilities => "capabilities",
+            Hook::Cloning => "cloning",
         }
     }
 
@@ -40,6 +43,7 @@ impl Hook {
             "deletion-guard" => Some(Hook::DeletionGuard),
             "block-support" => Some(Hook::BlockSupport),
             "capabilities" => Some(Hook::Capabilities),
+            "cloning" => Some(Hook::Cloning),
             _ => None,
         }
     }

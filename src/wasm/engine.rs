@@ -12,7 +12,9 @@ use tokio::sync::Semaphore;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy};
 
-use super::bindings::{ProvisionerFull, block_support, deletion_guard, lifecycle, qualifier};
+use super::bindings::{
+    ProvisionerFull, block_support, cloning, deletion_guard, lifecycle, qualifier,
+};
 use super::cache::ModuleCache;
 use super::compiler::{CompileLimits, MAX_MODULE_BYTES, base_config, compile_in_child};
 use super::contract::{ContractInfo, Hook};
@@ -418,6 +420,12 @@ impl WasmEngine {
             .then(|| block_support::GuestIndices::new(&pre))
             .transpose()
             .map_err(link_err)?;
+        let cloning = contract
+            .hooks
+            .contains(&Hook::Cloning)
+            .then(|| cloning::GuestIndices::new(&pre))
+            .transpose()
+            .map_err(link_err)?;
         let capabilities = super::capabilities::find_hook(&component, &contract.exports)
             .map_err(|e| link_err(e.into()))?;
         Ok(Guest {
@@ -435,6 +443,7 @@ impl WasmEngine {
             qualifier,
             deletion_guard,
             block_support,
+            cloning,
             capabilities,
             metrics: self.metrics.clone(),
             executor: self.executor.clone(),

@@ -22,13 +22,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime::Store;
 use wasmtime::component::InstancePre;
 
+use super::bindings::cloning::CloneSource;
 use super::bindings::types::{
     Claim, DeleteRequest, ProvisionRequest, StorageClass, Volume, VolumeSource,
 };
-use super::bindings::{VolumeSpecBuilder, block_support, deletion_guard, lifecycle, qualifier};
+use super::bindings::{
+    VolumeSpecBuilder, block_support, cloning, deletion_guard, lifecycle, qualifier,
+};
 use super::call::{
-    ASYNC_TIMEOUT_MARGIN, CallOutcome, CallSite, Delete, Export, Output, Provision, ShouldDelete,
-    ShouldProvision, Supported, SupportsBlock,
+    ASYNC_TIMEOUT_MARGIN, CallOutcome, CallSite, Delete, Export, Output, Provision, ProvisionClone,
+    ShouldDelete, ShouldProvision, Supported, SupportsBlock,
 };
 use super::capabilities::{Capabilities, Capability};
 use super::contract::ContractInfo;
@@ -59,6 +62,7 @@ pub struct Guest {
     pub(super) qualifier: Option<qualifier::GuestIndices>,
     pub(super) deletion_guard: Option<deletion_guard::GuestIndices>,
     pub(super) block_support: Option<block_support::GuestIndices>,
+    pub(super) cloning: Option<cloning::GuestIndices>,
     /// `capabilities.supported`, called by name ([`super::capabilities`]).
     pub(super) capabilities: Option<wasmtime::component::ComponentExportIndex>,
     pub(super) metrics: Option<Metrics>,
@@ -109,6 +113,36 @@ impl Guest {
                 .call(Provision {
                     indices: &guest.lifecycle,
                     request: &request,
+                })
+                .await?;
+            let spec = result.map_err(|error| CallError::guest(&guest.name, error))?;
+            guest
+                .validate(spec, &request.pv_name, request.selected_node.as_deref())
+                .await
+        })
+        .await
+    }
+
+    /// Calls `cloning.provision-clone` and validates the returned volume as [`Guest::provision`]
+    /// does. A guest without the hook is refused (the caller gates on [`Guest::capabilities`]).
+    pub async fn provision_clone(
+        &self,
+        request: &ProvisionRequest,
+        source: &CloneSource,
+    ) -> Result<BuiltVolume, CallError> {
+        let (request, source) = (request.clone(), source.clone());
+        self.dispatch(|guest| async move {
+            let Some(indices) = &guest.cloning else {
+                return Err(CallError::Refused {
+                    guest: guest.name.to_string(),
+                    message: "it exports no `cloning` hook".to_owned(),
+                });
+            };
+            let result = guest
+                .call(ProvisionClone {
+                    indices,
+                    request: &request,
+                    source: &source,
                 })
                 .await?;
             let spec = result.map_err(|error| CallError::guest(&guest.name, error))?;
@@ -230,8 +264,8 @@ impl Guest {
     }
 
     /// What the guest serves beyond a plain claim: its `capabilities` hook, else (a guest built
-    /// before that hook) `block` when its `block-support` hook says yes, else nothing. Copies
-    /// (clones, restores) no guest can declare yet: the contract has no hook that makes them.
+    /// before that hook) `block` when its `block-support` hook says yes, else nothing; and
+    /// clones when it exports the `cloning` hook.
     pub async fn capabilities(&self) -> Result<Capabilities, CallError> {
         let declared = if self.capabilities.is_some() {
             self.dispatch(|guest| async move {
@@ -245,7 +279,7 @@ impl Guest {
             let block = self.supports_block().await?;
             Capabilities::NONE.with_if(Capability::Block, block)
         };
-        Ok(declared)
+        Ok(declared.with_if(Capability::Clone, self.cloning.is_some()))
     }
 
     /// The checks a returned volume passes before it may become a PV: the grants, the

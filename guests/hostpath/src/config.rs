@@ -14,6 +14,15 @@ pub struct HostpathConfig {
     /// Node to pin volumes to when the claim has no selected node.
     #[serde(default)]
     pub node_name: Option<String>,
+    /// How long a clone may copy before it gives up (and removes its partial copy), in ms:
+    /// keep it below the grant's `call-timeout-ms`, so the guest stops itself and cleans up
+    /// before the host's deadline ends the call. Default 8000 (the shipped timeout is 10000).
+    #[serde(default = "default_clone_timeout_ms")]
+    pub clone_timeout_ms: u64,
+}
+
+fn default_clone_timeout_ms() -> u64 {
+    8000
 }
 
 impl HostpathConfig {

@@ -50,6 +50,11 @@ pub fn archive_base(dir: &str) -> String {
     format!("archived-{}", dir.rsplit('/').next().unwrap_or(dir))
 }
 
+/// Where a clone of the volume at `guest_path` is copied before it is renamed into place.
+pub fn staging(guest_path: &str) -> String {
+    format!("{}.cloning", guest_path.trim_end_matches('/'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,8 @@
 //! provision: config + class parameters ─▶ directory (PV name or pathPattern)
 //!            ─▶ VolumeSpec, checked against the grants ─▶ mkdir ─▶ spec to host
 //!            (which gives the directory the class's uid/gid/mode, if any)
+//! clone:     as provision, then the source's directory copied (links as links) into
+//!            <dir>.cloning within clone-timeout-ms ─▶ renamed to <dir>
 //! delete:    PV annotations (or hostPath) ─▶ directory ─▶ archive (rename) or remove
 //! ```
 //!
@@ -18,11 +20,13 @@ mod parameters;
 
 use config::HostpathConfig;
 use parameters::ClassParameters;
+use std::time::{Duration, Instant};
 use wasm_provisioner_sdk::dirs;
 use wasm_provisioner_sdk::pattern::{self, PatternValues};
+
 use wasm_provisioner_sdk::{
-    DeleteRequest, Host, HostPathType, ProvisionError, ProvisionRequest, Provisioner, VolumeSpec,
-    final_error,
+    CloneSource, DeleteRequest, Host, HostPathType, ProvisionError, ProvisionRequest, Provisioner,
+    VolumeSpec, final_error,
 };
 
 /// PV annotation recording the volume's directory, relative to the granted directory.
@@ -36,46 +40,95 @@ const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 /// The guest.
 pub struct Hostpath;
 
-wasm_provisioner_sdk::export_provisioner!(Hostpath);
+/// The volume a request gets (its directory relative to the granted directory, and the spec
+/// the host checked), before anything is created: a spec the grants refuse leaves nothing.
+fn describe(
+    request: &ProvisionRequest,
+    host: &dyn Host,
+) -> Result<(HostpathConfig, String, VolumeSpec), ProvisionError> {
+    let config = HostpathConfig::parse(&request.config)?;
+    let parameters = ClassParameters::parse(&request.storage_class)?;
+    let dir = match &parameters.path_pattern {
+        Some(text) => pattern::expand(text, &PatternValues::of(request))?,
+        None => {
+            pattern::check_relative_dir(&request.pv_name)
+                .map_err(|why| final_error(format!("volume name {:?} {why}", request.pv_name)))?;
+            request.pv_name.clone()
+        }
+    };
+    let mut spec = VolumeSpec::host_path(config.node_path(&dir), HostPathType::DirectoryOrCreate)
+        .from_request(request)
+        .annotation(DIR_ANNOTATION, &dir)
+        .annotation(
+            ARCHIVE_ANNOTATION,
+            if parameters.archive_on_delete {
+                "true"
+            } else {
+                "false"
+            },
+        )
+        .ownership(parameters.ownership);
+    if let Some(node) = request.selected_node().or(config.node_name.as_deref()) {
+        spec = spec.node_affinity_in(HOSTNAME_LABEL, &[node]);
+    }
+    host.check(&spec)?;
+    Ok((config, dir, spec))
+}
+
+wasm_provisioner_sdk::export_provisioner!(Hostpath, hooks: [cloning]);
 
 impl Provisioner for Hostpath {
     fn provision(
         request: &ProvisionRequest,
         host: &dyn Host,
     ) -> Result<VolumeSpec, ProvisionError> {
-        let config = HostpathConfig::parse(&request.config)?;
-        let parameters = ClassParameters::parse(&request.storage_class)?;
-        let dir = match &parameters.path_pattern {
-            Some(text) => pattern::expand(text, &PatternValues::of(request))?,
-            None => {
-                pattern::check_relative_dir(&request.pv_name).map_err(|why| {
-                    final_error(format!("volume name {:?} {why}", request.pv_name))
-                })?;
-                request.pv_name.clone()
-            }
-        };
-        let node_path = config.node_path(&dir);
-        let mut spec = VolumeSpec::host_path(&node_path, HostPathType::DirectoryOrCreate)
-            .from_request(request)
-            .annotation(DIR_ANNOTATION, &dir)
-            .annotation(
-                ARCHIVE_ANNOTATION,
-                if parameters.archive_on_delete {
-                    "true"
-                } else {
-                    "false"
-                },
-            )
-            .ownership(parameters.ownership);
-        if let Some(node) = request.selected_node().or(config.node_name.as_deref()) {
-            spec = spec.node_affinity_in(HOSTNAME_LABEL, &[node]);
-        }
-        // Check first: a spec the grants refuse must not leave a directory behind.
-        host.check(&spec)?;
+        let (config, dir, spec) = describe(request, host)?;
         dirs::create_empty(&config.guest_path(&dir))?;
         host.info(
             "provisioned hostPath directory",
-            &[("pv", &request.pv_name), ("path", &node_path)],
+            &[("pv", &request.pv_name), ("path", &config.node_path(&dir))],
+        );
+        Ok(spec)
+    }
+
+    /// A copy of the source volume's directory, made in `<dir>.cloning` and renamed into place
+    /// when complete: a volume directory that exists is a finished copy (a retry returns it),
+    /// and a copy cut short leaves only the staging directory, which the next attempt and
+    /// `delete` remove.
+    fn provision_clone(
+        request: &ProvisionRequest,
+        source: &CloneSource,
+        host: &dyn Host,
+    ) -> Result<VolumeSpec, ProvisionError> {
+        let (config, dir, spec) = describe(request, host)?;
+        let source_dir =
+            deletion::directory_to_delete(&source.volume, &config).map_err(final_error)?;
+        let (from, target) = (config.guest_path(&source_dir), config.guest_path(&dir));
+        if dirs::present(&config.guest_dir, &target)? {
+            return Ok(spec);
+        }
+        let staging = deletion::staging(&target);
+        dirs::remove(&staging)?;
+        let deadline = Instant::now() + Duration::from_millis(config.clone_timeout_ms);
+        let copied = match dirs::copy_tree(&from, &staging, deadline) {
+            Ok(copied) => copied,
+            Err(error) => {
+                dirs::remove(&staging)?;
+                return Err(error);
+            }
+        };
+        std::fs::rename(&staging, &target)
+            .map_err(|error| final_error(format!("renaming {staging} to {target}: {error}")))?;
+        host.info(
+            "cloned hostPath directory",
+            &[
+                ("pv", &request.pv_name),
+                ("source", &source.volume.name),
+                ("entries", &copied.entries.to_string()),
+                ("bytes", &copied.bytes.to_string()),
+                ("links-skipped", &copied.links_skipped.to_string()),
+                ("others-skipped", &copied.others_skipped.to_string()),
+            ],
         );
         Ok(spec)
     }
@@ -86,6 +139,11 @@ impl Provisioner for Hostpath {
         let dir = deletion::directory_to_delete(volume, &config).map_err(final_error)?;
         let guest_path = config.guest_path(&dir);
         let fields = [("pv", volume.name.as_str()), ("dir", dir.as_str())];
+        // A clone's copy cut short (its call ended before the rename) goes with the volume.
+        let staging = deletion::staging(&guest_path);
+        if dirs::present(&config.guest_dir, &staging)? {
+            dirs::remove(&staging)?;
+        }
         // Looked for from the granted directory, which must be there: "gone" only when it is.
         if !dirs::present(&config.guest_dir, &guest_path)? {
             host.info("hostPath directory already gone", &fields);
@@ -112,7 +170,7 @@ mod tests {
     use super::*;
     use std::fs;
     use wasm_provisioner_sdk::testing::{self, FakeHost};
-    use wasm_provisioner_sdk::{VolumeSource, pair};
+    use wasm_provisioner_sdk::{CloneSource, VolumeSource, pair};
 
     /// A granted directory: a temporary directory seen as both guest-dir and node-dir.
     struct Dir(std::path::PathBuf);
@@ -203,6 +261,51 @@ mod tests {
                 gid: Some(1000),
                 mode: Some(0o700)
             }
+        );
+    }
+
+    #[test]
+    fn a_clone_copies_the_source_and_a_cut_short_copy_goes_with_the_volume() {
+        let dir = Dir::new("clone");
+        let host = dir.host();
+        let source_request = request(&dir, &[]);
+        let source_spec = Hostpath::provision(&source_request, &host).unwrap();
+        let source_path = dir.0.join("pvc-uid-team-a-data");
+        fs::create_dir(source_path.join("db")).unwrap();
+        fs::write(source_path.join("db/rows"), b"42").unwrap();
+        std::os::unix::fs::symlink("db/rows", source_path.join("latest")).unwrap();
+        let source = CloneSource {
+            namespace: "team-a".into(),
+            name: "data".into(),
+            uid: "uid-team-a-data".into(),
+            volume: testing::volume(&source_request, &source_spec),
+        };
+        let clone_request = testing::request(
+            testing::claim("team-a", "copy"),
+            testing::class("hostpath", &[]),
+            &dir.config(),
+        );
+        let spec = Hostpath::provision_clone(&clone_request, &source, &host).unwrap();
+        let clone_path = dir.0.join("pvc-uid-team-a-copy");
+        assert_eq!(fs::read(clone_path.join("db/rows")).unwrap(), b"42");
+        assert_eq!(
+            fs::read_link(clone_path.join("latest")).unwrap(),
+            std::path::Path::new("db/rows")
+        );
+        assert_eq!(
+            Hostpath::provision_clone(&clone_request, &source, &host).unwrap(),
+            spec,
+            "a retry returns the finished copy"
+        );
+
+        // A copy cut short (the call ended) leaves only its staging directory; delete takes it.
+        fs::rename(&clone_path, dir.0.join("pvc-uid-team-a-copy.cloning")).unwrap();
+        let delete = testing::delete_request(testing::volume(&clone_request, &spec), &dir.config());
+        Hostpath::delete(&delete, &host).unwrap();
+        assert!(!dir.0.join("pvc-uid-team-a-copy.cloning").exists());
+        assert!(
+            source_path.join("db/rows").exists(),
+            "the source is untouched"
         );
     }
 

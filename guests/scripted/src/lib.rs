@@ -5,6 +5,7 @@
 //! provision: append calls.log ─▶ count <pv>.attempts ─▶ (success: build spec, create <pv>) ─▶ write <pv>.started ─▶ delayMs / spinForever
 //!            ─▶ scripted failure (fail, failTimes) or mkdir <pv> + hostPath <node-dir>/<pv>
 //! delete:    append calls.log ─▶ scripted failure (delete-fail annotations) ─▶ deleteDelayMs ─▶ rm -r <pv> (or the byClaim directory)
+//! clone:     provision-clone records its source in <pv>.source, then provisions as above
 //! hooks:     should-provision (claim skip annotation), should-delete (PV keep annotation),
 //!            supported (capabilities: block and selector), supports-block (always true; the
 //!            host asks `supported` instead, this stays for the old contract's sake)
@@ -27,6 +28,7 @@ wit_bindgen::generate!({
 
 use config::ScriptedConfig;
 use exports::wasm_provisioner::provisioner::capabilities::{self, CapabilitySet};
+use exports::wasm_provisioner::provisioner::cloning::{self, CloneSource};
 use exports::wasm_provisioner::provisioner::{block_support, deletion_guard, lifecycle, qualifier};
 use script::ProvisionScript;
 use wasm_provisioner::provisioner::host;
@@ -45,6 +47,26 @@ impl lifecycle::Guest for Scripted {
 
     fn delete(request: DeleteRequest) -> Result<(), ProvisionError> {
         delete(&request)
+    }
+}
+
+/// A clone is scripted like any provision; the source it was handed is recorded in
+/// `<pv>.source` (`namespace/name uid volume-name`) for the test to compare with the cluster.
+impl cloning::Guest for Scripted {
+    fn provision_clone(
+        request: ProvisionRequest,
+        source: CloneSource,
+    ) -> Result<VolumeSpec, ProvisionError> {
+        let state = StateDir::open(&request.config, &request.pv_name)?;
+        state.record_call("provision-clone", &request.pv_name)?;
+        state.write(
+            &format!("{}.source", request.pv_name),
+            &format!(
+                "{}/{} {} {}\n",
+                source.namespace, source.name, source.uid, source.volume.name
+            ),
+        )?;
+        provision(&request)
     }
 }
 

@@ -58,6 +58,25 @@ pub mod hooks {
         });
     }
 
+    /// `cloning` (`provision-clone`).
+    pub mod cloning {
+        wit_bindgen::generate!({
+            path: "../../wit",
+            inline: "package wasm-provisioner:sdk-cloning;
+                     world cloning-hook {
+                         import wasm-provisioner:provisioner/volume-builder@0.1.1;
+                         export wasm-provisioner:provisioner/cloning@0.1.1;
+                     }",
+            world: "wasm-provisioner:sdk-cloning/cloning-hook",
+            with: {
+                "wasm-provisioner:provisioner/types@0.1.1": crate::bindings::wasm_provisioner::provisioner::types,
+                "wasm-provisioner:provisioner/volume-builder@0.1.1": crate::bindings::wasm_provisioner::provisioner::volume_builder,
+            },
+            pub_export_macro: true,
+            export_macro_name: "export_cloning",
+        });
+    }
+
     /// `block-support` (`supports-block`).
     pub mod block_support {
         wit_bindgen::generate!({

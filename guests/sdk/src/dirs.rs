@@ -11,6 +11,7 @@
 use std::fs;
 use std::io::ErrorKind;
 
+mod copy;
 #[cfg(not(target_os = "wasi"))]
 mod native;
 mod walk;
@@ -18,6 +19,8 @@ mod walk;
 mod wasi;
 
 use crate::types::{ProvisionError, final_error};
+
+pub use copy::{Copied, MAX_DEPTH};
 
 /// `mkdir -p`.
 pub fn create(path: &str) -> Result<(), ProvisionError> {
@@ -111,6 +114,54 @@ pub fn remove(path: &str) -> Result<bool, ProvisionError> {
     remove_in(parent, path)
 }
 
+/// Copies the directory `from` into a new directory `to` (neither may be a link; `to`'s parent
+/// must exist and `to` must not), by descriptor: links are copied as links and never followed,
+/// so nothing outside `from` is read whatever a pod does to it meanwhile; FIFOs, sockets and
+/// devices are left out (counted), as are links the sandbox refuses to recreate (a target
+/// outside the granted directory). Gives up at `deadline`, or below [`MAX_DEPTH`] levels, with
+/// a final error naming what was done; the partial copy is the caller's to remove. Modes are
+/// not copied: WASI has no chmod (files and directories get the host's defaults).
+pub fn copy_tree(
+    from: &str,
+    to: &str,
+    deadline: std::time::Instant,
+) -> Result<Copied, ProvisionError> {
+    use walk::Tree;
+    let tree = tree();
+    let (parent, name) = split_parent(to)?;
+    let opening = |what: &str, failure: walk::Failure| {
+        final_error(format!("copying {from} to {to}: opening {what}: {failure}"))
+    };
+    let source = tree.open_root(from).map_err(|f| opening(from, f))?;
+    let parent = tree.open_root(parent).map_err(|f| opening(parent, f))?;
+    copy::CopyTree::create_dir(&tree, &parent, name).map_err(|f| opening(to, f))?;
+    let target = tree.open_dir(&parent, name).map_err(|f| opening(to, f))?;
+    copy::copy(&tree, source, target, deadline).map_err(|failed| {
+        final_error(match failed {
+            copy::CopyFailed::OutOfTime(done) => format!(
+                "copying {from} to {to}: out of time after {} entries and {} bytes",
+                done.entries, done.bytes
+            ),
+            copy::CopyFailed::TooDeep(at) => {
+                format!("copying {from} to {to}: {at} is more than {MAX_DEPTH} directories deep")
+            }
+            copy::CopyFailed::At(at, failure) => {
+                format!("copying {from} to {to}: at {at}: {failure}")
+            }
+        })
+    })
+}
+
+fn split_parent(path: &str) -> Result<(&str, &str), ProvisionError> {
+    match path.trim_end_matches('/').rsplit_once('/') {
+        Some(("", name)) if !name.is_empty() => Ok(("/", name)),
+        Some((parent, name)) if !name.is_empty() => Ok((parent, name)),
+        _ => Err(final_error(format!(
+            "{path} is not an absolute path below a directory"
+        ))),
+    }
+}
+
 /// Renames `from` to `{root}/{base}`, or `{base}-1`, `{base}-2`, ... if taken; returns the name.
 pub fn rename_to_free_name(from: &str, root: &str, base: &str) -> Result<String, ProvisionError> {
     let path_of = |name: &str| crate::join(root, name);
@@ -135,6 +186,61 @@ pub fn free_name(base: &str, taken: impl Fn(&str) -> bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A copy takes files, directories and links (as links, relative or absolute, never their
+    /// targets), leaves FIFOs out, and stops at its deadline.
+    #[test]
+    fn a_tree_is_copied_by_descriptor_with_links_as_links() {
+        use std::os::unix::fs::symlink;
+        let base = std::env::temp_dir().join(format!("sdk-copy-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let (from, to) = (base.join("from"), base.join("to"));
+        fs::create_dir_all(from.join("a/b")).unwrap();
+        fs::write(from.join("top"), b"top").unwrap();
+        fs::write(from.join("a/b/deep"), vec![7u8; 200_000]).unwrap();
+        fs::write(base.join("secret"), b"outside").unwrap();
+        symlink("../secret", from.join("a/up")).unwrap();
+        symlink("/etc", from.join("etc")).unwrap();
+        let fifo = std::process::Command::new("mkfifo")
+            .arg(from.join("fifo"))
+            .status()
+            .unwrap();
+        assert!(fifo.success());
+        let later = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+        let copied = copy_tree(&path(&from), &path(&to), later).unwrap();
+        assert_eq!(fs::read(to.join("top")).unwrap(), b"top");
+        assert_eq!(fs::read(to.join("a/b/deep")).unwrap().len(), 200_000);
+        assert_eq!(
+            fs::read_link(to.join("a/up")).unwrap(),
+            std::path::Path::new("../secret")
+        );
+        assert_eq!(
+            fs::read_link(to.join("etc")).unwrap(),
+            std::path::Path::new("/etc")
+        );
+        assert!(!to.join("fifo").exists());
+        assert_eq!(copied.others_skipped, 1);
+        assert_eq!(copied.bytes, 200_003);
+        assert_eq!(copied.entries, 6, "{copied:?}");
+
+        let error = copy_tree(
+            &path(&from),
+            &path(&base.join("late")),
+            std::time::Instant::now(),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&error, ProvisionError::Final(m) if m.contains("out of time")),
+            "{error:?}"
+        );
+        let error = copy_tree(&path(&from), &path(&to), later).unwrap_err();
+        assert!(
+            matches!(&error, ProvisionError::Final(m) if m.contains("opening")),
+            "an existing target is never copied into: {error:?}"
+        );
+        fs::remove_dir_all(&base).unwrap();
+    }
 
     #[test]
     fn chores_on_a_real_directory() {

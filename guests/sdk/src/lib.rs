@@ -65,6 +65,21 @@ pub trait Provisioner {
         Capabilities::empty()
     }
 
+    /// Hook `cloning`: creates the storage for a claim that copies `source` (a Bound claim of
+    /// the same class and provisioner, whose `volume` is what `delete` would get) and describes
+    /// it, like `provision` (idempotent for `request.pv_name`). The host holds the source while
+    /// this runs. Export it with `hooks: [cloning]`; a guest that does not is never asked, and
+    /// the host refuses clones of its class: they are never provisioned empty.
+    fn provision_clone(
+        _request: &ProvisionRequest,
+        _source: &CloneSource,
+        _host: &dyn Host,
+    ) -> Result<VolumeSpec, ProvisionError> {
+        Err(crate::final_error(
+            "this guest does not clone volumes (it exports no cloning hook)",
+        ))
+    }
+
     /// Hook `block-support` (the contract before `capabilities`): whether `volumeMode: Block`
     /// claims can be provisioned. Not asked when `capabilities` is exported.
     fn supports_block() -> bool {
@@ -112,10 +127,13 @@ macro_rules! __export_hook {
     (block_support, $adapter:ident) => {
         $crate::bindings::hooks::block_support::export_block_support!($adapter with_types_in $crate::bindings::hooks::block_support);
     };
+    (cloning, $adapter:ident) => {
+        $crate::bindings::hooks::cloning::export_cloning!($adapter with_types_in $crate::bindings::hooks::cloning);
+    };
     ($other:ident, $adapter:ident) => {
         compile_error!(concat!(
             "unknown hook `", stringify!($other),
-            "`: the hooks are qualifier, deletion_guard, capabilities and block_support"
+            "`: the hooks are qualifier, deletion_guard, capabilities, block_support and cloning"
         ));
     };
 }
@@ -177,6 +195,18 @@ pub mod __private {
         {
             fn supported() -> crate::Capabilities {
                 T::capabilities()
+            }
+        }
+
+        impl<T: Provisioner> hooks::cloning::exports::wasm_provisioner::provisioner::cloning::Guest
+            for Adapter<T>
+        {
+            fn provision_clone(
+                request: ProvisionRequest,
+                source: crate::CloneSource,
+            ) -> Result<volume_builder::VolumeSpec, ProvisionError> {
+                let spec = T::provision_clone(&request, &source, &WasmHost)?;
+                Ok(spec.build()?)
             }
         }
 

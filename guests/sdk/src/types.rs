@@ -8,6 +8,9 @@ pub use crate::bindings::wasm_provisioner::provisioner::types::{
     StorageClass, TopologyRequirement, TopologyTerm, Volume, VolumeMode, VolumeSource,
 };
 
+/// The claim a clone copies, as the host hands it to [`crate::Provisioner::provision_clone`].
+pub use crate::bindings::hooks::cloning::exports::wasm_provisioner::provisioner::cloning::CloneSource;
+
 /// The value of `key` in a list of pairs (labels, annotations, parameters).
 pub fn lookup<'a>(pairs: &'a [Pair], key: &str) -> Option<&'a str> {
     pairs

@@ -13,6 +13,10 @@ pub enum ClaimError {
     /// The claim's class is not in the cache (yet).
     #[error("storageclass.storage.k8s.io {0:?} not found")]
     ClassNotFound(String),
+    /// The claim a clone copies cannot be copied (missing, unbound, elsewhere, another class
+    /// or provisioner, being deleted).
+    #[error("{0}")]
+    Source(String),
     /// The guest failed for good (final error, fault or a refused volume).
     #[error(transparent)]
     Guest(CallError),
@@ -90,6 +94,7 @@ impl Failure for ClaimError {
     fn label(&self) -> &'static str {
         match self {
             ClaimError::ClassNotFound(_) => "class-not-found",
+            ClaimError::Source(_) => "clone-source",
             ClaimError::Guest(CallError::Fault { kind, .. }) => kind.as_str(),
             ClaimError::Guest(CallError::Rejected { .. } | CallError::Refused { .. }) => "rejected",
             ClaimError::Guest(CallError::Guest { .. }) => "final",

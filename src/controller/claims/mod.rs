@@ -28,6 +28,7 @@ use tracing::info_span;
 
 use super::Context;
 use super::bookkeeping::{Done, Ending, Operation, Tracked, busy_wait};
+use super::data_source::{self, DataSource};
 use super::decide::{self, FINALIZER_CLAIM, Serving};
 use super::events::{self, Event, EventAction};
 use super::failures::fingerprint;
@@ -40,10 +41,12 @@ use crate::controller::convert::PvIdentity;
 use crate::wasm::bindings::types::{ProvisionError, ProvisionRequest};
 use crate::wasm::{Availability, CallError, Guest, Plugins};
 
+mod clone;
 pub(super) mod endings;
 mod error;
 mod facts;
 
+pub use clone::CloneSources;
 pub use error::ClaimError;
 use facts::{Facts, queued_for_provision};
 
@@ -186,6 +189,7 @@ fn attempt(result: &Result<Action, ClaimError>) -> Attempt {
 
 /// Executes the plan for one claim.
 async fn provision(handle: &Handle<'_>, pvc: &PersistentVolumeClaim) -> Result<Done, ClaimError> {
+    clone::release_if_stale(handle, pvc).await?;
     let ctx = handle.ctx();
     let plugins = ctx.plugins();
     let facts = Facts::of(handle, pvc, &plugins);
@@ -314,8 +318,31 @@ async fn call_guest(
     let Some(request) = qualified(handle, pvc, guest, class, &pv_name).await? else {
         return Ok(Done::Nothing);
     };
-    let Some(pvc) = record_intent(handle, pvc, &class.provisioner, &pv_name).await? else {
-        return Ok(Done::RetryIn(busy_wait()));
+    // A clone's source is held (our finalizer on it) from before the intent until the guest
+    // returns: a source that cannot be copied fails here, before anything is recorded or built.
+    let held = match data_source::of(pvc) {
+        DataSource::Claim { name, namespace } => {
+            let held = clone::hold_source(handle, pvc, &class.provisioner, name, namespace).await;
+            match held {
+                Ok(held) => Some(held),
+                Err(error) => {
+                    if let ClaimError::Source(why) = &error {
+                        warn_claim(handle, pvc, events::PROVISIONING_FAILED, why.clone());
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        _ => None,
+    };
+    let pvc = match record_intent(handle, pvc, &class.provisioner, &pv_name).await {
+        Ok(Some(pvc)) => pvc,
+        recorded => {
+            if let Some(held) = held {
+                clone::let_go(handle, held, pvc).await;
+            }
+            return recorded.map(|_| Done::RetryIn(busy_wait()));
+        }
     };
     handle.event(
         &pvc.object_ref(&()),
@@ -337,10 +364,14 @@ async fn call_guest(
         class_name: &class_name,
         held: ctx.settings.add_pv_finalizer,
     };
-    let pv = match handle
-        .guest(storage::build(guest, &request, &identity))
-        .await?
-    {
+    let source = held.as_ref().map(|held| &held.source);
+    let built = handle
+        .guest(storage::build(guest, &request, source, &identity))
+        .await;
+    if let Some(held) = held {
+        clone::let_go(handle, held, &pvc).await;
+    }
+    let pv = match built? {
         Ok(pv) => pv,
         Err(error) => return build_failed(handle, &pvc, error).await,
     };

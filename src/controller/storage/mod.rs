@@ -23,6 +23,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use super::convert::{self, ConvertError, PvIdentity};
 use super::decide;
 use super::gate::GateError;
+use crate::wasm::bindings::cloning::CloneSource;
 use crate::wasm::bindings::types::{ProvisionError, ProvisionRequest};
 use crate::wasm::capabilities::Capability;
 use crate::wasm::{CallError, Guest};
@@ -115,13 +116,18 @@ pub async fn qualify(
     Ok(Qualified::Ready(Box::new(request)))
 }
 
-/// Builds the storage and returns the PV that describes it (not yet created).
+/// Builds the storage (a copy of `source`'s, for a clone) and returns the PV that describes it
+/// (not yet created).
 pub async fn build(
     guest: &Guest,
     request: &ProvisionRequest,
+    source: Option<&CloneSource>,
     identity: &PvIdentity<'_>,
 ) -> Result<PersistentVolume, CallError> {
-    let built = guest.provision(request).await?;
+    let built = match source {
+        Some(source) => guest.provision_clone(request, source).await?,
+        None => guest.provision(request).await?,
+    };
     Ok(convert::persistent_volume(identity, &built))
 }
 

@@ -107,3 +107,70 @@ impl Tree for Native {
         rustix::fs::renameat(from, name, to, to_name).map_err(failure)
     }
 }
+
+impl super::copy::CopyTree for Native {
+    fn kind(&self, dir: &OwnedFd, name: &str) -> Result<super::copy::EntryKind, Failure> {
+        use super::copy::EntryKind;
+        let stat = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(failure)?;
+        Ok(match FileType::from_raw_mode(stat.st_mode) {
+            FileType::Directory => EntryKind::Directory,
+            FileType::RegularFile => EntryKind::File,
+            FileType::Symlink => EntryKind::Link,
+            _ => EntryKind::Other,
+        })
+    }
+
+    fn create_dir(&self, dir: &OwnedFd, name: &str) -> Result<(), Failure> {
+        rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o777)).map_err(failure)
+    }
+
+    fn copy_file(
+        &self,
+        from: &OwnedFd,
+        to: &OwnedFd,
+        name: &str,
+        in_time: &dyn Fn() -> bool,
+    ) -> Result<u64, Failure> {
+        let source = rustix::fs::openat(
+            from,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(failure)?;
+        let target = rustix::fs::openat(
+            to,
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o666),
+        )
+        .map_err(failure)?;
+        let mut buffer = vec![0u8; 64 << 10];
+        let mut copied = 0u64;
+        loop {
+            if !in_time() {
+                return Err(Failure::Other("out of time".into()));
+            }
+            let read = rustix::io::read(&source, &mut buffer).map_err(failure)?;
+            if read == 0 {
+                return Ok(copied);
+            }
+            let mut written = 0;
+            while written < read {
+                written += rustix::io::write(&target, &buffer[written..read]).map_err(failure)?;
+            }
+            copied += read as u64;
+        }
+    }
+
+    fn read_link(&self, dir: &OwnedFd, name: &str) -> Result<String, Failure> {
+        let target = rustix::fs::readlinkat(dir, name, Vec::new()).map_err(failure)?;
+        target
+            .into_string()
+            .map_err(|_| Failure::Other(format!("the target of link {name} is not UTF-8")))
+    }
+
+    fn symlink(&self, dir: &OwnedFd, name: &str, target: &str) -> Result<(), Failure> {
+        rustix::fs::symlinkat(target, dir, name).map_err(failure)
+    }
+}

@@ -122,3 +122,72 @@ impl Tree for Wasi {
         from.rename_at(name, to, to_name).map_err(failure)
     }
 }
+
+impl super::copy::CopyTree for Wasi {
+    fn kind(&self, dir: &Descriptor, name: &str) -> Result<super::copy::EntryKind, Failure> {
+        use super::copy::EntryKind;
+        let stat = dir.stat_at(PathFlags::empty(), name).map_err(failure)?;
+        Ok(match stat.type_ {
+            DescriptorType::Directory => EntryKind::Directory,
+            DescriptorType::RegularFile => EntryKind::File,
+            DescriptorType::SymbolicLink => EntryKind::Link,
+            _ => EntryKind::Other,
+        })
+    }
+
+    fn create_dir(&self, dir: &Descriptor, name: &str) -> Result<(), Failure> {
+        dir.create_directory_at(name).map_err(failure)
+    }
+
+    fn copy_file(
+        &self,
+        from: &Descriptor,
+        to: &Descriptor,
+        name: &str,
+        in_time: &dyn Fn() -> bool,
+    ) -> Result<u64, Failure> {
+        // No SYMLINK_FOLLOW: a link swapped in since the entry was looked at fails to open.
+        let source = from
+            .open_at(
+                PathFlags::empty(),
+                name,
+                OpenFlags::empty(),
+                DescriptorFlags::READ,
+            )
+            .map_err(failure)?;
+        let target = to
+            .open_at(
+                PathFlags::empty(),
+                name,
+                OpenFlags::CREATE | OpenFlags::EXCLUSIVE,
+                DescriptorFlags::WRITE,
+            )
+            .map_err(failure)?;
+        let mut offset = 0u64;
+        loop {
+            if !in_time() {
+                return Err(Failure::Other("out of time".into()));
+            }
+            let (chunk, end) = source.read(64 << 10, offset).map_err(failure)?;
+            let mut written = 0usize;
+            while written < chunk.len() {
+                let n = target
+                    .write(&chunk[written..], offset + written as u64)
+                    .map_err(failure)?;
+                written += n as usize;
+            }
+            offset += chunk.len() as u64;
+            if end || chunk.is_empty() {
+                return Ok(offset);
+            }
+        }
+    }
+
+    fn read_link(&self, dir: &Descriptor, name: &str) -> Result<String, Failure> {
+        dir.readlink_at(name).map_err(failure)
+    }
+
+    fn symlink(&self, dir: &Descriptor, name: &str, target: &str) -> Result<(), Failure> {
+        dir.symlink_at(target, name).map_err(failure)
+    }
+}
