@@ -672,6 +672,91 @@ async fn release_finalizers_unblocks_claims_after_uninstall(
     Ok(())
 }
 
+/// A claim cloning another gets its data (issue 34): a file written into the source's
+/// directory is in the clone's; the source is let go once the copy is done.
+async fn a_clone_holds_a_copy_of_its_source(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let mut w = World::new(cp, SUITE, "clone", "hostpath").await?;
+    w.start(&[])?;
+    let class = w.class("fast").create().await?;
+    w.claim("db").class(&class).create().await?;
+    let source = w.wait_bound("db").await?;
+    std::fs::create_dir(w.storage_of(&source.name_any()).join("tables"))?;
+    std::fs::write(w.storage_of(&source.name_any()).join("tables/rows"), "42")?;
+    let mut previous = "db".to_owned();
+    // A clone of a clone of a clone.
+    for copy in ["copy-1", "copy-2", "copy-3"] {
+        w.claim(copy)
+            .class(&class)
+            .data_source("", "PersistentVolumeClaim", &previous)
+            .create()
+            .await?;
+        let pv = w.wait_bound(copy).await?;
+        let rows = std::fs::read_to_string(w.storage_of(&pv.name_any()).join("tables/rows"))?;
+        ensure!(rows == "42", "{copy} holds {rows:?}");
+        previous = copy.to_owned();
+    }
+    let live = w.claims().get("db").await?;
+    ensure!(
+        !live
+            .finalizers()
+            .iter()
+            .any(|f| f == "wasm-provisioner.dev/clone-source"),
+        "the source is let go: {:?}",
+        live.finalizers()
+    );
+    Ok(())
+}
+
+/// A source deleted while a guest copies it stays (Terminating, held by our finalizer) until the
+/// copy returns, then goes; a snapshot restore is refused with no PV.
+async fn a_source_deleted_during_its_copy_waits_for_it(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp, SUITE, "clone-held", "scripted").await?;
+    w.start(&[])?;
+    let class = w.class("slow").param("delayMs", "3000").create().await?;
+    w.claim("db").class(&class).create().await?;
+    w.wait_bound("db").await?;
+    let copy = w
+        .claim("copy")
+        .class(&class)
+        .data_source("", "PersistentVolumeClaim", "db")
+        .create()
+        .await?;
+    w.wait_guest_started(&pv_name(&copy)).await?;
+    w.claims().delete("db", &DeleteParams::default()).await?;
+    let held = w.claims().get("db").await?;
+    ensure!(
+        held.metadata.deletion_timestamp.is_some()
+            && held
+                .finalizers()
+                .iter()
+                .any(|f| f == "wasm-provisioner.dev/clone-source"),
+        "the source is held while it is copied: {:?}",
+        held.metadata
+    );
+    w.wait_bound("copy").await?;
+    w.wait_claim_gone("db").await?;
+    let recorded =
+        std::fs::read_to_string(w.storage.path().join(format!("{}.source", pv_name(&copy))))?;
+    ensure!(recorded.starts_with(&format!("{}/db ", w.ns)), "{recorded}");
+
+    let restore = w
+        .claim("restore")
+        .class(&class)
+        .data_source("snapshot.storage.k8s.io", "VolumeSnapshot", "snap")
+        .create()
+        .await?;
+    w.wait_event(
+        &uid(&restore),
+        "ProvisioningFailed",
+        &["cannot copy from a VolumeSnapshot"],
+    )
+    .await?;
+    ensure!(w.pvs().get_opt(&pv_name(&restore)).await?.is_none());
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     common::suite::run(
         "end-to-end",
@@ -701,6 +786,8 @@ fn main() -> std::process::ExitCode {
             deleting_a_bound_pv_keeps_its_storage_until_the_claim_goes,
             a_refused_claim_can_be_deleted_after_uninstall,
             release_finalizers_unblocks_claims_after_uninstall,
+            a_clone_holds_a_copy_of_its_source,
+            a_source_deleted_during_its_copy_waits_for_it,
         ],
     )
 }

@@ -398,6 +398,7 @@ pub struct ClaimBuilder {
     size: String,
     block: bool,
     selector: Option<serde_json::Value>,
+    data_source: Option<serde_json::Value>,
     annotations: BTreeMap<String, String>,
 }
 
@@ -413,6 +414,7 @@ impl ClaimBuilder {
             size: "1Gi".into(),
             block: false,
             selector: None,
+            data_source: None,
             annotations: BTreeMap::new(),
         }
     }
@@ -438,6 +440,13 @@ impl ClaimBuilder {
     /// `spec.selector` matching `key=value`.
     pub fn selector(mut self, key: &str, value: &str) -> Self {
         self.selector = Some(json!({"matchLabels": {key: value}}));
+        self
+    }
+
+    /// `spec.dataSource`: `kind` `name` of API group `group` ("" for the core group).
+    pub fn data_source(mut self, group: &str, kind: &str, name: &str) -> Self {
+        let group = (!group.is_empty()).then_some(group);
+        self.data_source = Some(json!({"apiGroup": group, "kind": kind, "name": name}));
         self
     }
 
@@ -470,6 +479,7 @@ impl ClaimBuilder {
                 "storageClassName": self.class,
                 "volumeMode": mode,
                 "selector": self.selector,
+                "dataSource": self.data_source,
                 "accessModes": ["ReadWriteOnce"],
                 "resources": {"requests": {"storage": self.size}},
             }
