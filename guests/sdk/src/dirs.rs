@@ -115,10 +115,10 @@ pub fn remove(path: &str) -> Result<bool, ProvisionError> {
 }
 
 /// Copies the directory `from` into a new directory `to` (neither may be a link; `to`'s parent
-/// must exist and `to` must not), by descriptor: links are copied as links and never followed,
-/// so nothing outside `from` is read whatever a pod does to it meanwhile; FIFOs, sockets and
-/// devices are left out (counted), as are links the sandbox refuses to recreate (a target
-/// outside the granted directory). Gives up at `deadline`, or below [`MAX_DEPTH`] levels, with
+/// must exist and `to` must not), by descriptor: a link is never followed, so nothing outside
+/// `from` is read whatever a pod does to it meanwhile, and is recreated as a link where the
+/// filesystem allows it (natively), else left out and counted (inside the host's sandbox, which
+/// refuses every `symlink-at`); FIFOs, sockets and devices are left out (counted). Gives up at `deadline`, or below [`MAX_DEPTH`] levels, with
 /// a final error naming what was done; the partial copy is the caller's to remove. Modes are
 /// not copied: WASI has no chmod (files and directories get the host's defaults).
 pub fn copy_tree(

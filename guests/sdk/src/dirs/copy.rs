@@ -1,5 +1,7 @@
 //! `cp -a` by descriptor, for clones: every call names one entry of a directory held open, a
-//! link is copied as a link (its target never read), and the copy stops at a time budget.
+//! link is copied as a link where the filesystem allows (its target never read; the host's
+//! sandbox refuses every link, so there it is counted and left out), and the copy stops at a
+//! time budget.
 //!
 //! ```text
 //! source dir, new dir ─▶ list source (all names, then the listing is closed)
@@ -58,8 +60,7 @@ pub struct Copied {
     pub entries: u64,
     /// Bytes of file contents copied.
     pub bytes: u64,
-    /// Links the filesystem refused to recreate (inside WebAssembly: a target outside the
-    /// granted directory, such as an absolute path).
+    /// Links the filesystem refused to recreate (inside the host's sandbox: every link).
     pub links_skipped: u64,
     /// FIFOs, sockets and devices left out.
     pub others_skipped: u64,
