@@ -161,6 +161,73 @@ async fn an_owner_is_never_applied_through_a_planted_link() {
     );
 }
 
+/// A clone made in the sandbox: files and directories copied, a link to the node's /etc left
+/// out (never followed, never recreated), a FIFO left out; a source too large for
+/// `clone-timeout-ms` fails and leaves no staging directory behind.
+#[tokio::test]
+async fn hostpath_clones_in_the_sandbox_and_stops_at_its_budget() {
+    use wasm_provisioner::wasm::bindings::cloning::CloneSource;
+    let f = Fixture::owned("");
+    let guest = f.guest(HOSTPATH);
+    let config = f.config(HOSTPATH);
+    assert!(config.contains("\"node-dir\""), "{config}");
+    let source_req = request(claim("db"), class(HOSTPATH, &[]), &config);
+    let source_built = guest.provision(&source_req).await.expect("source");
+    let source_dir = std::path::PathBuf::from(host_path_of(&source_built.source));
+    std::fs::create_dir(source_dir.join("tables")).unwrap();
+    std::fs::write(source_dir.join("tables/rows"), "42").unwrap();
+    std::os::unix::fs::symlink("/etc", source_dir.join("etc-link")).unwrap();
+    std::os::unix::fs::symlink("tables/rows", source_dir.join("latest")).unwrap();
+    let fifo = std::process::Command::new("mkfifo")
+        .arg(source_dir.join("fifo"))
+        .status()
+        .unwrap();
+    assert!(fifo.success());
+    let source = CloneSource {
+        namespace: "ns".into(),
+        name: "db".into(),
+        uid: "uid-db".into(),
+        volume: as_volume(&source_req, &source_built),
+    };
+    let copy_req = request(claim("copy"), class(HOSTPATH, &[]), &config);
+    let built = guest
+        .provision_clone(&copy_req, &source)
+        .await
+        .expect("clone");
+    let copy_dir = std::path::PathBuf::from(host_path_of(&built.source));
+    assert_eq!(
+        std::fs::read_to_string(copy_dir.join("tables/rows")).unwrap(),
+        "42"
+    );
+    for left_out in ["etc-link", "latest", "fifo"] {
+        assert!(
+            std::fs::symlink_metadata(copy_dir.join(left_out)).is_err(),
+            "{left_out} was copied"
+        );
+    }
+
+    for i in 0..20_000 {
+        std::fs::write(source_dir.join(format!("f{i}")), "x").unwrap();
+    }
+    let slow_req = request(
+        claim("slow"),
+        class(HOSTPATH, &[]),
+        &config.replace("\"node-dir\"", "\"clone-timeout-ms\":200,\"node-dir\""),
+    );
+    let error = guest
+        .provision_clone(&slow_req, &source)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("out of time"), "{error}");
+    let leftovers: Vec<_> = std::fs::read_dir(f.storage.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains("slow"))
+        .collect();
+    assert!(leftovers.is_empty(), "a cut-short copy left {leftovers:?}");
+}
+
 /// What a hostile pod leaves in its volume (found on a real node by tests/e2e_kubelet.rs): a
 /// 100-level tree, a FIFO and a symlink to the node's /etc. The delete removes all of it within
 /// the guest's descriptor limit (64 by default; std's `remove_dir_all` held one per level) and

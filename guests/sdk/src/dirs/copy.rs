@@ -173,6 +173,11 @@ pub fn copy<T: CopyTree>(
                 let target = match tree.read_link(&level.from, &name) {
                     Ok(target) => target,
                     Err(Failure::NoEntry) => continue,
+                    // The sandbox may refuse to read a link as it refuses to make one.
+                    Err(Failure::Refused(_)) => {
+                        copied.links_skipped += 1;
+                        continue;
+                    }
                     Err(failure) => return Err(at(failure)),
                 };
                 match tree.symlink(&level.to, &name, &target) {
