@@ -29,6 +29,7 @@ const CASES: &[&str] = &[
     "deploy_runs_as_shipped_and_a_pod_writes_into_its_claim",
     "a_hostile_pod_exposes_nothing_and_its_volume_is_deleted_cleanly",
     "a_non_root_pod_writes_into_the_volume_its_class_gives_it",
+    "a_pod_reads_in_a_clone_what_another_pod_wrote_into_its_source",
     "leader_failover_with_real_pods",
     "node_daemonset_provisions_for_the_pod_the_scheduler_placed",
     "two_node_runs_one_after_the_other_leave_nothing_behind",
@@ -120,6 +121,9 @@ fn run_cases(selected: &[&str]) -> Vec<(&'static str, Result<(), String>)> {
                     }
                     "a_non_root_pod_writes_into_the_volume_its_class_gives_it" => {
                         owned_volume(&mut world).await
+                    }
+                    "a_pod_reads_in_a_clone_what_another_pod_wrote_into_its_source" => {
+                        cloned_volume(&mut world).await
                     }
                     "leader_failover_with_real_pods" => leader_failover(&mut world).await,
                     "node_daemonset_provisions_for_the_pod_the_scheduler_placed" => {
@@ -351,6 +355,45 @@ parameters: { uid: "0" }
         .delete_claim_and_wait_storage("default", "owned", &owned)
         .await?;
     world.delete_claim("default", "as-root").await?;
+    world.assert_no_forbidden()
+}
+
+/// (c3) A pod writes into a claim; a second claim clones it; a pod reads the first pod's file
+/// in the clone; both claims go with their storage.
+async fn cloned_volume(world: &mut NodeCluster) -> anyhow::Result<()> {
+    world
+        .create_claim("default", "original", "hostpath")
+        .await?;
+    let original = world.wait_bound("default", "original").await?;
+    world
+        .run_pod(
+            "author",
+            "original",
+            "mkdir /data/letters && echo dear-clone > /data/letters/one",
+        )
+        .await?;
+    world
+        .create_claim_from("default", "copy", "hostpath", Some("original"))
+        .await?;
+    let copy = world.wait_bound("default", "copy").await?;
+    world
+        .run_pod("reader", "copy", "cat /data/letters/one")
+        .await?;
+    let read = world.pod_output("default", "reader")?;
+    ensure!(read == "dear-clone", "the clone's pod read {read:?}");
+    println!(
+        "clone {} of {}: a pod read what another wrote into the source",
+        copy.metadata.name.as_deref().unwrap_or_default(),
+        original.metadata.name.as_deref().unwrap_or_default()
+    );
+    world.delete_pod("default", "author").await?;
+    world.delete_pod("default", "reader").await?;
+    world
+        .delete_claim_and_wait_storage("default", "copy", &copy)
+        .await?;
+    world
+        .delete_claim_and_wait_storage("default", "original", &original)
+        .await?;
     world.assert_no_forbidden()
 }
 

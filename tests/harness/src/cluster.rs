@@ -215,12 +215,26 @@ impl NodeCluster {
         name: &str,
         class: &str,
     ) -> anyhow::Result<()> {
+        self.create_claim_from(namespace, name, class, None).await
+    }
+
+    /// [`NodeCluster::create_claim`], cloning claim `source` when one is named.
+    pub async fn create_claim_from(
+        &self,
+        namespace: &str,
+        name: &str,
+        class: &str,
+        source: Option<&str>,
+    ) -> anyhow::Result<()> {
+        let data_source =
+            source.map(|source| json!({"kind": "PersistentVolumeClaim", "name": source}));
         let claim: PersistentVolumeClaim = serde_json::from_value(json!({
             "metadata": {"name": name},
             "spec": {
                 "storageClassName": class,
                 "accessModes": ["ReadWriteOnce"],
                 "resources": {"requests": {"storage": "1Gi"}},
+                "dataSource": data_source,
             },
         }))?;
         Api::<PersistentVolumeClaim>::namespaced(self.admin.clone(), namespace)
