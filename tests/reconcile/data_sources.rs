@@ -150,6 +150,14 @@ async fn a_source_that_cannot_be_copied_fails_the_clone_with_no_pv() {
     elsewhere["spec"]["dataSourceRef"]["namespace"] = json!("other-team");
     let mut other_class = claim_of("other-class", "other", P);
     other_class["spec"]["dataSource"] = json!({"kind": "PersistentVolumeClaim", "name": "db"});
+    // A claim of the class bound by hand to a static PV (no provisioned-by): not ours to copy.
+    world.volume(json!({"metadata": {"name": "static-pv"},
+        "spec": {"hostPath": {"path": "/nowhere"}, "storageClassName": "fast"},
+        "status": {"phase": "Bound"}}));
+    let mut by_hand = claim_of("by-hand", "fast", P);
+    by_hand["spec"]["volumeName"] = json!("static-pv");
+    by_hand["status"] = json!({"phase": "Bound"});
+    world.claim(by_hand);
     for (claim, why) in [
         (
             clone_of("missing", "nope"),
@@ -157,6 +165,10 @@ async fn a_source_that_cannot_be_copied_fails_the_clone_with_no_pv() {
         ),
         (elsewhere, "is in another namespace"),
         (other_class, "is of class \"fast\", not \"other\""),
+        (
+            clone_of("static", "by-hand"),
+            "provisioned by nobody (a static volume)",
+        ),
     ] {
         let name = claim["metadata"]["name"].as_str().unwrap().to_owned();
         let pvc = world.claim(claim);
@@ -171,7 +183,7 @@ async fn a_source_that_cannot_be_copied_fails_the_clone_with_no_pv() {
         .into_iter()
         .filter(|n| n.starts_with("ProvisioningFailed:") && n.contains("source claim"))
         .count();
-    assert_eq!(failed, 3);
+    assert_eq!(failed, 4);
     assert!(
         world.finalizers("db").is_empty(),
         "the source was never held"
