@@ -757,6 +757,42 @@ async fn a_source_deleted_during_its_copy_waits_for_it(
     Ok(())
 }
 
+/// A claim whose data source is a volume populator's kind is left to it: one Normal event, no
+/// PV, no finalizer, and no second event when the claim is looked at again.
+async fn a_populators_claim_is_left_to_it(cp: Arc<ControlPlane>) -> anyhow::Result<()> {
+    let mut w = World::new(cp, SUITE, "populator", "hostpath").await?;
+    w.start(&["--resync-period=2s"])?;
+    let class = w.class("fast").create().await?;
+    let claim = w
+        .claim("populated")
+        .class(&class)
+        .data_source("hello.example.com", "Hello", "greeting")
+        .create()
+        .await?;
+    w.wait_event(
+        &uid(&claim),
+        "LeftToPopulator",
+        &["Hello (API group hello.example.com)"],
+    )
+    .await?;
+    // Resyncs come and go: still one event, no PV, no finalizer.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let events = w.events(&uid(&claim)).await?;
+    let left = events
+        .iter()
+        .filter(|(r, _)| r == "LeftToPopulator")
+        .count();
+    ensure!(left == 1, "{events:?}");
+    ensure!(w.pvs().get_opt(&pv_name(&claim)).await?.is_none(), "a PV");
+    let live = w.claims().get("populated").await?;
+    ensure!(
+        !live.finalizers().iter().any(|f| f == OUR_FINALIZER),
+        "{:?}",
+        live.finalizers()
+    );
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     common::suite::run(
         "end-to-end",
@@ -788,6 +824,7 @@ fn main() -> std::process::ExitCode {
             release_finalizers_unblocks_claims_after_uninstall,
             a_clone_holds_a_copy_of_its_source,
             a_source_deleted_during_its_copy_waits_for_it,
+            a_populators_claim_is_left_to_it,
         ],
     )
 }

@@ -278,6 +278,9 @@ async fn start_processes(
             ),
             ("--service-cluster-ip-range", "10.0.0.0/24"),
             ("--allow-privileged", "true"),
+            // Keeps a claim's `dataSource` of any kind (a volume populator's), as 1.24+ does by
+            // default; 1.20 drops such a data source without it.
+            ("--feature-gates", "AnyVolumeDataSource=true"),
         ]),
         run_dir.join("kube-apiserver.log"),
     );
