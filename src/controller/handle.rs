@@ -182,30 +182,13 @@ impl<'a> Handle<'a> {
         if self.holds_claim_finalizer(pvc) == present {
             return Ok(pvc.clone());
         }
-        let claims: Api<PersistentVolumeClaim> = Api::namespaced(
-            self.ctx.client.clone(),
-            &pvc.namespace().unwrap_or_default(),
-        );
         let mut patch = decide::claim_finalizer_patch(&pvc.metadata.uid, present);
         if present {
             // Only on the claim we decided on: a cache behind the API server (a reschedule or a
             // removal of ours it does not show yet) gets a conflict, never a stale guest call.
             patch["metadata"]["resourceVersion"] = serde_json::json!(pvc.metadata.resource_version);
         }
-        self.gate.check().await?;
-        self.budget().await;
-        let result = match claims
-            .patch(
-                &pvc.name_any(),
-                &PatchParams::default(),
-                &Patch::Strategic(&patch),
-            )
-            .await
-        {
-            Ok(updated) => Ok(updated),
-            Err(kube::Error::Api(status)) if status.is_not_found() && !present => Ok(pvc.clone()),
-            Err(error) => Err(error.into()),
-        };
+        let result = self.patch_claim_finalizers(pvc, &patch, present).await;
         if result.is_ok() {
             let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
             self.ctx.recent.claim_finalizer_set(uid, present);
@@ -225,18 +208,32 @@ impl<'a> Handle<'a> {
     where
         E: From<GateError> + From<kube::Error>,
     {
+        let patch = decide::finalizer_patch(&pvc.metadata.uid, finalizer, present);
+        self.patch_claim_finalizers(pvc, &patch, present).await
+    }
+
+    /// One strategic-merge patch of a claim's finalizers, once the gate and the budget allow;
+    /// a removal from a claim that is gone is done.
+    async fn patch_claim_finalizers<E>(
+        &self,
+        pvc: &PersistentVolumeClaim,
+        patch: &serde_json::Value,
+        present: bool,
+    ) -> Result<PersistentVolumeClaim, E>
+    where
+        E: From<GateError> + From<kube::Error>,
+    {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(
             self.ctx.client.clone(),
             &pvc.namespace().unwrap_or_default(),
         );
-        let patch = decide::finalizer_patch(&pvc.metadata.uid, finalizer, present);
         self.gate.check().await?;
         self.budget().await;
         match claims
             .patch(
                 &pvc.name_any(),
                 &PatchParams::default(),
-                &Patch::Strategic(&patch),
+                &Patch::Strategic(patch),
             )
             .await
         {

@@ -79,6 +79,17 @@ pub(super) struct ShouldDelete<'r> {
 pub(super) struct SupportsBlock<'r>(pub(super) &'r block_support::GuestIndices);
 pub(super) struct Supported<'r>(pub(super) &'r wasmtime::component::ComponentExportIndex);
 
+/// A provision answer with the returned spec taken out of the call's resource table.
+fn spec_taken(
+    store: &mut Store<GuestState>,
+    answer: Result<wasmtime::component::Resource<VolumeSpecBuilder>, ProvisionError>,
+) -> wasmtime::Result<Result<VolumeSpecBuilder, ProvisionError>> {
+    match answer {
+        Ok(spec) => Ok(Ok(store.data_mut().take_spec(spec)?)),
+        Err(e) => Ok(Err(e)),
+    }
+}
+
 impl Export for Provision<'_> {
     type Output = Result<VolumeSpecBuilder, ProvisionError>;
     const OPERATION: &'static str = "provision";
@@ -88,10 +99,8 @@ impl Export for Provision<'_> {
         instance: &Instance,
     ) -> wasmtime::Result<Self::Output> {
         let exports = self.indices.load(&mut *store, instance)?;
-        match exports.call_provision(&mut *store, self.request).await? {
-            Ok(spec) => Ok(Ok(store.data_mut().take_spec(spec)?)),
-            Err(e) => Ok(Err(e)),
-        }
+        let answer = exports.call_provision(&mut *store, self.request).await?;
+        spec_taken(store, answer)
     }
 }
 
@@ -104,13 +113,10 @@ impl Export for ProvisionClone<'_> {
         instance: &Instance,
     ) -> wasmtime::Result<Self::Output> {
         let exports = self.indices.load(&mut *store, instance)?;
-        match exports
+        let answer = exports
             .call_provision_clone(&mut *store, self.request, self.source)
-            .await?
-        {
-            Ok(spec) => Ok(Ok(store.data_mut().take_spec(spec)?)),
-            Err(e) => Ok(Err(e)),
-        }
+            .await?;
+        spec_taken(store, answer)
     }
 }
 

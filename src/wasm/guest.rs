@@ -24,7 +24,7 @@ use wasmtime::component::InstancePre;
 
 use super::bindings::cloning::CloneSource;
 use super::bindings::types::{
-    Claim, DeleteRequest, ProvisionRequest, StorageClass, Volume, VolumeSource,
+    Claim, DeleteRequest, ProvisionError, ProvisionRequest, StorageClass, Volume, VolumeSource,
 };
 use super::bindings::{
     VolumeSpecBuilder, block_support, cloning, deletion_guard, lifecycle, qualifier,
@@ -109,16 +109,13 @@ impl Guest {
     pub async fn provision(&self, request: &ProvisionRequest) -> Result<BuiltVolume, CallError> {
         let request = request.clone();
         self.dispatch(|guest| async move {
-            let result = guest
+            let answer = guest
                 .call(Provision {
                     indices: &guest.lifecycle,
                     request: &request,
                 })
                 .await?;
-            let spec = result.map_err(|error| CallError::guest(&guest.name, error))?;
-            guest
-                .validate(spec, &request.pv_name, request.selected_node.as_deref())
-                .await
+            guest.validated(answer, &request).await
         })
         .await
     }
@@ -138,17 +135,14 @@ impl Guest {
                     message: "it exports no `cloning` hook".to_owned(),
                 });
             };
-            let result = guest
+            let answer = guest
                 .call(ProvisionClone {
                     indices,
                     request: &request,
                     source: &source,
                 })
                 .await?;
-            let spec = result.map_err(|error| CallError::guest(&guest.name, error))?;
-            guest
-                .validate(spec, &request.pv_name, request.selected_node.as_deref())
-                .await
+            guest.validated(answer, &request).await
         })
         .await
     }
@@ -280,6 +274,17 @@ impl Guest {
             Capabilities::NONE.with_if(Capability::Block, block)
         };
         Ok(declared.with_if(Capability::Clone, self.cloning.is_some()))
+    }
+
+    /// A provision answer (plain or clone): the guest's refusal, or its spec validated.
+    async fn validated(
+        &self,
+        answer: Result<VolumeSpecBuilder, ProvisionError>,
+        request: &ProvisionRequest,
+    ) -> Result<BuiltVolume, CallError> {
+        let spec = answer.map_err(|error| CallError::guest(&self.name, error))?;
+        self.validate(spec, &request.pv_name, request.selected_node.as_deref())
+            .await
     }
 
     /// The checks a returned volume passes before it may become a PV: the grants, the
