@@ -17,6 +17,7 @@ pub mod guest;
 pub mod handles;
 pub mod host;
 pub mod localfs;
+pub mod metadata;
 pub mod nodefs;
 pub mod nodepath;
 pub mod output;

@@ -6,7 +6,7 @@
 //!            ─▶ VolumeSpec, checked against the grants ─▶ mkdir ─▶ spec to host
 //!            (which gives the directory the class's uid/gid/mode, if any)
 //! clone:     as provision, then the source's directory copied (links as links) into
-//!            <dir>.cloning within clone-timeout-ms ─▶ renamed to <dir>
+//!            .<pv>.cloning within clone-timeout-ms ─▶ renamed to <dir>
 //! delete:    PV annotations (or hostPath) ─▶ directory ─▶ archive (rename) or remove
 //! ```
 //!
@@ -91,10 +91,10 @@ impl Provisioner for Hostpath {
         Ok(spec)
     }
 
-    /// A copy of the source volume's directory, made in `<dir>.cloning` and renamed into place
-    /// when complete: a volume directory that exists is a finished copy (a retry returns it),
-    /// and a copy cut short leaves only the staging directory, which the next attempt and
-    /// `delete` remove.
+    /// A copy of the source volume's directory, made in `.<pv>.cloning` beside it and renamed
+    /// into place when complete: a volume directory that exists is a finished copy (a retry
+    /// returns it), and a copy cut short leaves only the staging directory, which the next
+    /// attempt and `delete` remove.
     fn provision_clone(
         request: &ProvisionRequest,
         source: &CloneSource,
@@ -107,7 +107,7 @@ impl Provisioner for Hostpath {
         if dirs::present(&config.guest_dir, &target)? {
             return Ok(spec);
         }
-        let staging = deletion::staging(&target);
+        let staging = deletion::staging(&target, &request.pv_name);
         dirs::remove(&staging)?;
         let deadline = Instant::now() + Duration::from_millis(config.clone_timeout_ms);
         let copied = match dirs::copy_tree(&from, &staging, deadline) {
@@ -140,7 +140,7 @@ impl Provisioner for Hostpath {
         let guest_path = config.guest_path(&dir);
         let fields = [("pv", volume.name.as_str()), ("dir", dir.as_str())];
         // A clone's copy cut short (its call ended before the rename) goes with the volume.
-        let staging = deletion::staging(&guest_path);
+        let staging = deletion::staging(&guest_path, &volume.name);
         if dirs::present(&config.guest_dir, &staging)? {
             dirs::remove(&staging)?;
         }
@@ -299,10 +299,10 @@ mod tests {
         );
 
         // A copy cut short (the call ended) leaves only its staging directory; delete takes it.
-        fs::rename(&clone_path, dir.0.join("pvc-uid-team-a-copy.cloning")).unwrap();
+        fs::rename(&clone_path, dir.0.join(".pvc-uid-team-a-copy.cloning")).unwrap();
         let delete = testing::delete_request(testing::volume(&clone_request, &spec), &dir.config());
         Hostpath::delete(&delete, &host).unwrap();
-        assert!(!dir.0.join("pvc-uid-team-a-copy.cloning").exists());
+        assert!(!dir.0.join(".pvc-uid-team-a-copy.cloning").exists());
         assert!(
             source_path.join("db/rows").exists(),
             "the source is untouched"

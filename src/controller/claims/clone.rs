@@ -18,6 +18,7 @@ use super::ClaimError;
 use crate::controller::convert;
 use crate::controller::data_source::{self, DataSource};
 use crate::controller::decide::{self, FINALIZER_CLONE_SOURCE, has_finalizer};
+use crate::controller::events;
 use crate::controller::handle::Handle;
 use crate::wasm::bindings::cloning::CloneSource;
 
@@ -62,8 +63,29 @@ pub(super) struct Held {
     claim: PersistentVolumeClaim,
 }
 
+/// For a claim that clones another: the source, held ([`hold_source`]); a source that cannot
+/// be copied is a `ProvisioningFailed` event and the error. `None` for any other claim.
+pub(super) async fn hold_if_clone(
+    handle: &Handle<'_>,
+    pvc: &PersistentVolumeClaim,
+    provisioner: &str,
+) -> Result<Option<Held>, ClaimError> {
+    let DataSource::Claim { name, namespace } = data_source::of(pvc) else {
+        return Ok(None);
+    };
+    match hold_source(handle, pvc, provisioner, name, namespace).await {
+        Ok(held) => Ok(Some(held)),
+        Err(error) => {
+            if let ClaimError::Source(why) = &error {
+                super::warn_claim(handle, pvc, events::PROVISIONING_FAILED, why.clone());
+            }
+            Err(error)
+        }
+    }
+}
+
 /// Finds the claim `pvc` copies, checks it may be copied, and holds it with our finalizer.
-pub(super) async fn hold_source(
+async fn hold_source(
     handle: &Handle<'_>,
     pvc: &PersistentVolumeClaim,
     provisioner: &str,

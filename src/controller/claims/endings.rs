@@ -227,3 +227,36 @@ async fn delete_storage_with_retries(
         }
     }
 }
+
+/// A claim whose data source only a volume populator can fill: the leader says so once (given
+/// up for this spec: no retries, nothing recorded) and drops a finalizer an earlier version of
+/// us may have added.
+pub(super) async fn leave_to_populator(
+    handle: &Handle<'_>,
+    pvc: &PersistentVolumeClaim,
+    kind: &str,
+    api_group: &str,
+) -> Result<Done, ClaimError> {
+    handle.lease().await?;
+    handle.release_claim::<ClaimError>(pvc).await?;
+    let ctx = handle.ctx();
+    let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
+    ctx.claim_book
+        .give_up(uid, super::claim_fingerprint(pvc, ctx));
+    let group = if api_group.is_empty() {
+        "core"
+    } else {
+        api_group
+    };
+    handle.event(
+        &pvc.object_ref(&()),
+        Event::normal(
+            events::LEFT_TO_POPULATOR,
+            EventAction::Provision,
+            format!(
+                "the claim's data source is a {kind} (API group {group}), which only a volume populator can fill: this provisioner leaves the claim to it and creates no volume"
+            ),
+        ),
+    );
+    Ok(Done::Nothing)
+}

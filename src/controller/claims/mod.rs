@@ -28,7 +28,6 @@ use tracing::info_span;
 
 use super::Context;
 use super::bookkeeping::{Done, Ending, Operation, Tracked, busy_wait};
-use super::data_source::{self, DataSource};
 use super::decide::{self, FINALIZER_CLAIM, Serving};
 use super::events::{self, Event, EventAction};
 use super::failures::fingerprint;
@@ -229,29 +228,7 @@ async fn provision(handle: &Handle<'_>, pvc: &PersistentVolumeClaim) -> Result<D
             Err(error)
         }
         ClaimPlan::ForPopulator { kind, api_group } => {
-            // The leader says it, once for this spec (given up: no retries, nothing recorded),
-            // and drops a finalizer an earlier version of us may have added.
-            handle.lease().await?;
-            handle.release_claim::<ClaimError>(pvc).await?;
-            let ctx = handle.ctx();
-            let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
-            ctx.claim_book.give_up(uid, claim_fingerprint(pvc, ctx));
-            let group = if api_group.is_empty() {
-                "core"
-            } else {
-                api_group
-            };
-            handle.event(
-                &pvc.object_ref(&()),
-                Event::normal(
-                    events::LEFT_TO_POPULATOR,
-                    EventAction::Provision,
-                    format!(
-                        "the claim's data source is a {kind} (API group {group}), which only a volume populator can fill: this provisioner leaves the claim to it and creates no volume"
-                    ),
-                ),
-            );
-            Ok(Done::Nothing)
+            endings::leave_to_populator(handle, pvc, kind, api_group).await
         }
         ClaimPlan::FinishDeleted(_) => endings::finish_deleted_claim(handle, pvc).await,
         ClaimPlan::FinishDeletedNodeGone(node) => {
@@ -320,21 +297,7 @@ async fn call_guest(
     };
     // A clone's source is held (our finalizer on it) from before the intent until the guest
     // returns: a source that cannot be copied fails here, before anything is recorded or built.
-    let held = match data_source::of(pvc) {
-        DataSource::Claim { name, namespace } => {
-            let held = clone::hold_source(handle, pvc, &class.provisioner, name, namespace).await;
-            match held {
-                Ok(held) => Some(held),
-                Err(error) => {
-                    if let ClaimError::Source(why) = &error {
-                        warn_claim(handle, pvc, events::PROVISIONING_FAILED, why.clone());
-                    }
-                    return Err(error);
-                }
-            }
-        }
-        _ => None,
-    };
+    let held = clone::hold_if_clone(handle, pvc, &class.provisioner).await?;
     let pvc = match record_intent(handle, pvc, &class.provisioner, &pv_name).await {
         Ok(Some(pvc)) => pvc,
         recorded => {
