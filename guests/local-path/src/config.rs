@@ -50,6 +50,15 @@ pub struct LocalPathConfig {
     pub storage_class_configs: BTreeMap<String, Placement>,
     /// Per-node deployment: serve only claims selected for this node, and its volumes.
     pub local_node: Option<String>,
+    /// How long a clone may copy before it gives up (and removes its partial copy), in ms:
+    /// keep it below the grant's `call-timeout-ms`, so the guest stops itself and cleans up
+    /// before the host's deadline ends the call. Default 8000.
+    #[serde(default = "default_clone_timeout_ms")]
+    pub clone_timeout_ms: u64,
+}
+
+fn default_clone_timeout_ms() -> u64 {
+    8000
 }
 
 impl LocalPathConfig {
@@ -201,6 +210,12 @@ mod tests {
             config.guest_path(None, "/mnt/shared/x"),
             "/nodes/_shared/mnt/shared/x"
         );
+        assert_eq!(config.clone_timeout_ms, 8000, "the default");
+        let config = LocalPathConfig::parse(
+            r#"{"nodes-dir": "/n", "shared-filesystem-path": "/s", "clone-timeout-ms": 20000}"#,
+        )
+        .unwrap();
+        assert_eq!(config.clone_timeout_ms, 20000);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use wasm_provisioner_sdk::{
     Volume, VolumeSource, final_error, parse_id, parse_mode,
 };
 
-use crate::config::LocalPathConfig;
+use crate::config::{LocalPathConfig, Placement};
 
 /// PV annotation: the node the volume's directory is on.
 pub const NODE_ANNOTATION: &str = "local-path.wasm-provisioner.dev/node";
@@ -121,71 +121,170 @@ pub fn plan(
     config: &LocalPathConfig,
     exists: impl Fn(&str) -> bool,
 ) -> Result<Plan, ProvisionError> {
-    let settings = ClassSettings::parse(request)?;
-    let claim = &request.claim;
-    let class = &request.storage_class.name;
-    let placement = config.placement(class).ok_or_else(|| {
-        final_error(format!(
-            "no placement for StorageClass {class:?} in the guest config"
-        ))
-    })?;
-    if claim.has_selector {
-        return Err(final_error("claim.Spec.Selector is not supported"));
-    }
-    let dir = match &settings.path_pattern {
-        None => format!("{}_{}_{}", request.pv_name, claim.namespace, claim.name),
-        Some(text) if settings.allow_unsafe_path_pattern => {
-            pattern::substitute(text, &PatternValues::of(request))?
-        }
-        Some(text) => pattern::expand(text, &PatternValues::of(request))?,
-    };
-    if let Some(shared) = &placement.shared_filesystem_path {
-        let path = join_normalised(shared, &dir).ok_or_else(|| escaping(&dir))?;
-        return Ok(Plan {
-            node: None,
-            path,
-            settings,
-        });
+    let start = Start::of(request, config)?;
+    if let Some(shared) = start.placement.shared_filesystem_path.clone() {
+        return start.on_shared(&shared);
     }
     let node = request.selected_node().ok_or_else(|| {
         final_error(
             "configuration error, no node was specified: use a WaitForFirstConsumer StorageClass",
         )
     })?;
-    if !claim.access_modes_within(&[AccessMode::ReadWriteOnce, AccessMode::ReadWriteOncePod]) {
-        return Err(final_error(
-            "node paths only support ReadWriteOnce and ReadWriteOncePod access modes (use a shared-filesystem-path class)",
-        ));
-    }
-    let paths = placement
-        .paths_for(node)
-        .filter(|paths| !paths.is_empty())
-        .ok_or_else(|| {
-            ProvisionError::Reschedule(format!("no local path is configured for node {node}"))
-        })?;
-    let candidates: Vec<&String> = match &settings.node_path {
-        Some(wanted) => vec![paths.iter().find(|path| *path == wanted).ok_or_else(|| {
-            final_error(format!(
-                "parameter nodePath: {wanted:?} is not configured for node {node} (configured: {})",
-                paths.join(", ")
-            ))
-        })?],
-        None => paths.iter().collect(),
+    start.on_node(request, config, node, exists)
+}
+
+/// Where a clone goes, and where the data it copies lies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClonePlan {
+    /// The clone's volume: on the source's node (or the shared path, if the source is there).
+    pub plan: Plan,
+    /// The source volume's directory and node, from its PV.
+    pub source: Location,
+}
+
+/// Plans a clone of `source` (the source claim's PV): the clone goes where its source lies, on
+/// the same node (any of the node's paths, picked as for a provision) or on the shared path, so
+/// the copy never crosses nodes and the clone's pod lands where its data is. A node selected by
+/// the scheduler that is not the source's is refused: nothing can be created there.
+pub fn plan_clone(
+    request: &ProvisionRequest,
+    source: &Volume,
+    config: &LocalPathConfig,
+    exists: impl Fn(&str) -> bool,
+) -> Result<ClonePlan, ProvisionError> {
+    let location = locate(source)
+        .map_err(|why| final_error(format!("cannot clone volume {}: {why}", source.name)))?;
+    let class = &request.storage_class.name;
+    let start = Start::of(request, config)?;
+    let plan = match (
+        &location.node,
+        start.placement.shared_filesystem_path.clone(),
+    ) {
+        (None, Some(shared)) => start.on_shared(&shared)?,
+        (None, None) => {
+            return Err(final_error(format!(
+                "the source volume {} lies on the shared filesystem path, but StorageClass {class:?} has no shared-filesystem-path in the guest config now",
+                source.name
+            )));
+        }
+        (Some(node), Some(_)) => {
+            return Err(final_error(format!(
+                "the source volume {} lies on node {node}, but StorageClass {class:?} places volumes on the shared filesystem path in the guest config now",
+                source.name
+            )));
+        }
+        (Some(node), None) => {
+            if let Some(selected) = request.selected_node().filter(|selected| selected != node) {
+                return Err(final_error(format!(
+                    "the clone must be on node {node}, where its source lies, but the scheduler selected node {selected}; \
+                     schedule the clone's first pod on {node} (a nodeSelector on kubernetes.io/hostname), then it can be provisioned"
+                )));
+            }
+            start
+                .on_node(request, config, node, exists)
+                .map_err(|error| match error {
+                    // Another node would not do: the clone can only be where its source is.
+                    ProvisionError::Reschedule(why) => final_error(format!(
+                        "{why}, where the source volume {} lies",
+                        source.name
+                    )),
+                    error => error,
+                })?
+        }
     };
-    let mut full: Vec<String> = Vec::new();
-    for base in candidates {
-        full.push(join_normalised(base, &dir).ok_or_else(|| escaping(&dir))?);
-    }
-    let path = full
-        .iter()
-        .find(|path| exists(&config.guest_path(Some(node), path)))
-        .unwrap_or(&full[stable_index(&request.pv_name, full.len())])
-        .clone();
-    Ok(Plan {
-        node: Some(node.to_owned()),
-        path,
-        settings,
+    Ok(ClonePlan {
+        plan,
+        source: location,
     })
+}
+
+/// What every plan starts from: the class settings, its placement and the volume's directory.
+struct Start {
+    settings: ClassSettings,
+    placement: Placement,
+    dir: String,
+}
+
+impl Start {
+    fn of(request: &ProvisionRequest, config: &LocalPathConfig) -> Result<Self, ProvisionError> {
+        let settings = ClassSettings::parse(request)?;
+        let claim = &request.claim;
+        let class = &request.storage_class.name;
+        let placement = config.placement(class).ok_or_else(|| {
+            final_error(format!(
+                "no placement for StorageClass {class:?} in the guest config"
+            ))
+        })?;
+        if claim.has_selector {
+            return Err(final_error("claim.Spec.Selector is not supported"));
+        }
+        let dir = match &settings.path_pattern {
+            None => format!("{}_{}_{}", request.pv_name, claim.namespace, claim.name),
+            Some(text) if settings.allow_unsafe_path_pattern => {
+                pattern::substitute(text, &PatternValues::of(request))?
+            }
+            Some(text) => pattern::expand(text, &PatternValues::of(request))?,
+        };
+        Ok(Self {
+            settings,
+            placement,
+            dir,
+        })
+    }
+
+    fn on_shared(self, shared: &str) -> Result<Plan, ProvisionError> {
+        let path = join_normalised(shared, &self.dir).ok_or_else(|| escaping(&self.dir))?;
+        Ok(Plan {
+            node: None,
+            path,
+            settings: self.settings,
+        })
+    }
+
+    fn on_node(
+        self,
+        request: &ProvisionRequest,
+        config: &LocalPathConfig,
+        node: &str,
+        exists: impl Fn(&str) -> bool,
+    ) -> Result<Plan, ProvisionError> {
+        let claim = &request.claim;
+        if !claim.access_modes_within(&[AccessMode::ReadWriteOnce, AccessMode::ReadWriteOncePod]) {
+            return Err(final_error(
+                "node paths only support ReadWriteOnce and ReadWriteOncePod access modes (use a shared-filesystem-path class)",
+            ));
+        }
+        let paths = self
+            .placement
+            .paths_for(node)
+            .filter(|paths| !paths.is_empty())
+            .ok_or_else(|| {
+                ProvisionError::Reschedule(format!("no local path is configured for node {node}"))
+            })?;
+        let candidates: Vec<&String> = match &self.settings.node_path {
+            Some(wanted) => vec![paths.iter().find(|path| *path == wanted).ok_or_else(|| {
+                final_error(format!(
+                    "parameter nodePath: {wanted:?} is not configured for node {node} (configured: {})",
+                    paths.join(", ")
+                ))
+            })?],
+            None => paths.iter().collect(),
+        };
+        let mut full: Vec<String> = Vec::new();
+        for base in candidates {
+            full.push(join_normalised(base, &self.dir).ok_or_else(|| escaping(&self.dir))?);
+        }
+        let path = full
+            .iter()
+            .find(|path| exists(&config.guest_path(Some(node), path)))
+            .unwrap_or(&full[stable_index(&request.pv_name, full.len())])
+            .clone();
+        Ok(Plan {
+            node: Some(node.to_owned()),
+            path,
+            settings: self.settings,
+        })
+    }
 }
 
 fn escaping(dir: &str) -> ProvisionError {
@@ -220,14 +319,17 @@ fn stable_index(pv_name: &str, n: usize) -> usize {
     (hash % n as u64) as usize
 }
 
-/// What delete removes: the directory (as the node sees it) and its node.
+/// Where a volume's directory lies: what delete removes and what a clone copies.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Deletion {
+pub struct Location {
     /// The node (`None`: the shared filesystem path).
     pub node: Option<String>,
     /// The directory, as the node sees it.
     pub path: String,
 }
+
+/// What delete removes (the name delete's callers know it by).
+pub type Deletion = Location;
 
 /// The volume's node, from provision's annotations, else its hostname node affinity.
 pub fn volume_node(volume: &Volume) -> Option<String> {
@@ -242,28 +344,47 @@ pub fn volume_node(volume: &Volume) -> Option<String> {
 
 /// Plans a delete from the PV alone (no StorageClass, no config map lookups).
 pub fn deletion(volume: &Volume) -> Result<Deletion, String> {
-    let refuse = |why: String| format!("refusing to delete volume {}: {why}", volume.name);
+    locate(volume).map_err(|why| format!("refusing to delete volume {}: {why}", volume.name))
+}
+
+/// Where the PV says its directory is (its path and node); the reason when it does not say.
+pub fn locate(volume: &Volume) -> Result<Location, String> {
     let path = match &volume.source {
         VolumeSource::HostPath(source) => &source.path,
         VolumeSource::Local(source) => &source.path,
-        _ => return Err(refuse("it is neither hostPath nor local".to_owned())),
+        _ => return Err("it is neither hostPath nor local".to_owned()),
     };
     if join_normalised("/", path).as_deref() != Some(path.as_str()) {
-        return Err(refuse(format!(
-            "its path {path:?} is not absolute and normalised"
-        )));
+        return Err(format!("its path {path:?} is not absolute and normalised"));
     }
     let shared = volume.annotation(SHARED_ANNOTATION) == Some("true");
     let node = volume_node(volume);
     if !shared && node.is_none() {
-        return Err(refuse(format!(
+        return Err(format!(
             "it has no {NODE_ANNOTATION} annotation and no {HOSTNAME_LABEL} node affinity"
-        )));
+        ));
     }
-    Ok(Deletion {
+    // The node names a directory under nodes-dir: one component, as node names are.
+    if let Some(node) = &node
+        && (node.is_empty() || node.contains('/') || node == "." || node == "..")
+    {
+        return Err(format!("its node {node:?} is not a node name"));
+    }
+    Ok(Location {
         node,
         path: path.clone(),
     })
+}
+
+/// Where a clone of volume `pv_name` whose directory is at `guest_path` is copied before it is
+/// renamed into place: a hidden name next to it, `.<pv>.cloning`. No claim's directory is
+/// called that unless a `pathPattern` takes an annotation value starting with `.` (claim,
+/// namespace and PV names and label values never do), so clearing a leftover never takes
+/// another claim's volume.
+pub fn staging(guest_path: &str, pv_name: &str) -> String {
+    let path = guest_path.trim_end_matches('/');
+    let parent = path.rsplit_once('/').map_or("", |(parent, _)| parent);
+    format!("{parent}/.{pv_name}.cloning")
 }
 
 /// Per-node deployment: whether this instance provisions the claim (selected for its node).
@@ -459,6 +580,128 @@ mod tests {
             plan_of(&by_annotation).unwrap().settings.volume_type,
             VolumeType::Local
         );
+    }
+
+    /// A clone's (node, path), or a part of its final error.
+    type Want<'a> = Result<(Option<&'a str>, &'a str), &'a str>;
+
+    /// The source's PV: on `node` (annotation, as provision writes it) or shared (`None`).
+    fn source(node: Option<&str>, path: &str) -> Volume {
+        let r = req(&[], node);
+        let spec = match node {
+            Some(node) => VolumeSpec::local(path)
+                .node_affinity_in(HOSTNAME_LABEL, &[node])
+                .annotation(NODE_ANNOTATION, node),
+            None => VolumeSpec::local(path).annotation(SHARED_ANNOTATION, "true"),
+        };
+        let mut v = volume(&r, &spec);
+        v.name = "pvc-source".into();
+        v
+    }
+
+    #[test]
+    fn clones_go_where_their_source_lies() {
+        let config = LocalPathConfig::parse(CONFIG).unwrap();
+        let on = |class: &str, selected: Option<&str>, source: &Volume| {
+            let mut r = req(&[], selected);
+            r.storage_class.name = class.into();
+            plan_clone(&r, source, &config, |_| false)
+        };
+        let from_n1 = source(Some("n1"), "/opt/lp/src");
+        // (class, selected node, source) ─▶ (clone's node, path) or a final error containing ...
+        let cases: Vec<(&str, Option<&str>, Volume, Want)> = vec![
+            (
+                "local",
+                None,
+                from_n1.clone(),
+                Ok((Some("n1"), "/opt/lp/pvc-uid-ns-data_ns_data")),
+            ),
+            (
+                "local",
+                Some("n1"),
+                from_n1.clone(),
+                Ok((Some("n1"), "/opt/lp/pvc-uid-ns-data_ns_data")),
+            ),
+            (
+                "local",
+                Some("n2"),
+                from_n1.clone(),
+                Err(
+                    "the clone must be on node n1, where its source lies, but the scheduler selected node n2",
+                ),
+            ),
+            (
+                "shared",
+                Some("n2"),
+                source(None, "/mnt/shared/src"),
+                Ok((None, "/mnt/shared/pvc-uid-ns-data_ns_data")),
+            ),
+            (
+                "local",
+                Some("n1"),
+                source(None, "/mnt/shared/src"),
+                Err("lies on the shared filesystem path"),
+            ),
+            ("shared", None, from_n1.clone(), Err("lies on node n1")),
+            (
+                "local",
+                None,
+                source(Some("full"), "/opt/lp/src"),
+                Err(
+                    "no local path is configured for node full, where the source volume pvc-source lies",
+                ),
+            ),
+            (
+                "local",
+                None,
+                source(Some(".."), "/opt/lp/src"),
+                Err("is not a node name"),
+            ),
+            (
+                "local",
+                None,
+                source(Some("n1"), "/opt/lp/../src"),
+                Err("cannot clone volume pvc-source: its path"),
+            ),
+        ];
+        for (class, selected, source, want) in cases {
+            let got = on(class, selected, &source);
+            match (want, got) {
+                (Ok((node, path)), Ok(clone)) => {
+                    assert_eq!(
+                        (clone.plan.node.as_deref(), clone.plan.path.as_str()),
+                        (node, path),
+                        "{class} {selected:?}"
+                    );
+                    assert_eq!(clone.source, locate(&source).unwrap());
+                }
+                (Err(want), Err(ProvisionError::Final(message))) => {
+                    assert!(message.contains(want), "{class} {selected:?}: {message}")
+                }
+                (want, got) => panic!("{class} {selected:?}: want {want:?}, got {got:?}"),
+            }
+        }
+        // A node with several paths: the same stable pick as a provision, or the existing copy.
+        let from_big = source(Some("big"), "/d1/src");
+        let r = req(&[], Some("big"));
+        assert_eq!(
+            plan_clone(&r, &from_big, &config, |_| false).unwrap().plan,
+            plan(&r, &config, |_| false).unwrap()
+        );
+        let found = plan_clone(&r, &from_big, &config, |p| {
+            p == "/nodes/big/d2/pvc-uid-ns-data_ns_data"
+        })
+        .unwrap();
+        assert_eq!(found.plan.path, "/d2/pvc-uid-ns-data_ns_data");
+    }
+
+    #[test]
+    fn staging_is_a_hidden_sibling_named_after_the_pv() {
+        assert_eq!(
+            staging("/nodes/n1/opt/lp/ns/data", "pvc-1"),
+            "/nodes/n1/opt/lp/ns/.pvc-1.cloning"
+        );
+        assert_eq!(staging("/nodes/n1/x/", "pvc-1"), "/nodes/n1/.pvc-1.cloning");
     }
 
     #[test]

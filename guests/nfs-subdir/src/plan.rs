@@ -23,6 +23,15 @@ pub struct NfsConfig {
     pub export_path: String,
     /// Where the export is preopened inside the guest.
     pub guest_dir: String,
+    /// How long a clone may copy before it gives up (and removes its partial copy), in ms:
+    /// keep it below the grant's `call-timeout-ms`, so the guest stops itself and cleans up
+    /// before the host's deadline ends the call. Default 8000.
+    #[serde(default = "default_clone_timeout_ms")]
+    pub clone_timeout_ms: u64,
+}
+
+fn default_clone_timeout_ms() -> u64 {
+    8000
 }
 
 impl NfsConfig {
@@ -136,29 +145,7 @@ pub fn deletion(
     class: Option<&StorageClass>,
 ) -> Result<(String, OnDelete), String> {
     let refuse = |why: String| format!("refusing to delete volume {}: {why}", volume.name);
-    let dir = match volume.annotation(DIR_ANNOTATION) {
-        Some(dir) => dir.to_owned(),
-        None => {
-            let VolumeSource::Nfs(source) = &volume.source else {
-                return Err(refuse(format!(
-                    "it has no {DIR_ANNOTATION} annotation and no nfs source"
-                )));
-            };
-            source
-                .path
-                .strip_prefix(config.export_path.trim_end_matches('/'))
-                .and_then(|rest| rest.strip_prefix('/'))
-                .map(str::to_owned)
-                .ok_or_else(|| {
-                    refuse(format!(
-                        "its path {:?} is not below export-path {:?}",
-                        source.path, config.export_path
-                    ))
-                })?
-        }
-    };
-    pattern::check_relative_dir(&dir)
-        .map_err(|why| refuse(format!("its directory {dir:?} {why}")))?;
+    let dir = volume_directory(volume, config).map_err(refuse)?;
     let action = match volume.annotation(ON_DELETE_ANNOTATION) {
         Some(value) => OnDelete::from_annotation(value).ok_or_else(|| {
             refuse(format!(
@@ -175,6 +162,64 @@ pub fn deletion(
         },
     };
     Ok((dir, action))
+}
+
+/// The directory a clone copies: the source volume's, found as delete finds it, and only if
+/// the source's `nfs` server and path are that directory in this export (so the copy is the
+/// data the source's pods see, not a namesake in another export).
+pub fn clone_source(volume: &Volume, config: &NfsConfig) -> Result<String, String> {
+    let refuse = |why: String| format!("cannot clone volume {}: {why}", volume.name);
+    let dir = volume_directory(volume, config).map_err(refuse)?;
+    let VolumeSource::Nfs(source) = &volume.source else {
+        return Err(refuse("it has no nfs source".to_owned()));
+    };
+    let expected = config.server_path(&dir);
+    if source.server != config.server || source.path != expected {
+        return Err(refuse(format!(
+            "its nfs source {}:{} is not {}:{expected}, its directory in this guest's export",
+            source.server, source.path, config.server
+        )));
+    }
+    Ok(dir)
+}
+
+/// The volume's directory relative to the export: the `dir` annotation, else its NFS path
+/// below `export-path`; the reason when neither gives a safe relative directory.
+fn volume_directory(volume: &Volume, config: &NfsConfig) -> Result<String, String> {
+    let dir = match volume.annotation(DIR_ANNOTATION) {
+        Some(dir) => dir.to_owned(),
+        None => {
+            let VolumeSource::Nfs(source) = &volume.source else {
+                return Err(format!(
+                    "it has no {DIR_ANNOTATION} annotation and no nfs source"
+                ));
+            };
+            source
+                .path
+                .strip_prefix(config.export_path.trim_end_matches('/'))
+                .and_then(|rest| rest.strip_prefix('/'))
+                .map(str::to_owned)
+                .ok_or_else(|| {
+                    format!(
+                        "its path {:?} is not below export-path {:?}",
+                        source.path, config.export_path
+                    )
+                })?
+        }
+    };
+    pattern::check_relative_dir(&dir).map_err(|why| format!("its directory {dir:?} {why}"))?;
+    Ok(dir)
+}
+
+/// Where a clone of volume `pv_name` whose directory is at `guest_path` is copied before it is
+/// renamed into place: a hidden name next to it, `.<pv>.cloning`. No claim's directory is
+/// called that unless a `pathPattern` takes an annotation value starting with `.` (claim,
+/// namespace and PV names and label values never do), so clearing a leftover never takes
+/// another claim's volume.
+pub fn staging(guest_path: &str, pv_name: &str) -> String {
+    let path = guest_path.trim_end_matches('/');
+    let parent = path.rsplit_once('/').map_or("", |(parent, _)| parent);
+    format!("{parent}/.{pv_name}.cloning")
 }
 
 /// The archive name at the export root for `dir`: `archived-` and the whole relative path with
@@ -320,6 +365,47 @@ mod tests {
                 "{error}"
             );
         }
+    }
+
+    #[test]
+    fn a_clone_copies_the_source_directory_only_from_this_export() {
+        let config = NfsConfig::parse(CONFIG).unwrap();
+        assert_eq!(config.clone_timeout_ms, 8000, "the default");
+        let annotated = |path: &str| volume(&[(DIR_ANNOTATION, "team-a/db")], path);
+        // (source PV) ─▶ the directory, or part of the refusal
+        let cases: Vec<(Volume, Result<&str, &str>)> = vec![
+            (annotated("/srv/k8s/team-a/db"), Ok("team-a/db")),
+            (volume(&[], "/srv/k8s/ns-c-pvc-1"), Ok("ns-c-pvc-1")),
+            (
+                annotated("/srv/other/team-a/db"),
+                Err("is not nfs.example.com:/srv/k8s/team-a/db"),
+            ),
+            (
+                volume(&[(DIR_ANNOTATION, "../x")], "/srv/k8s/x"),
+                Err("\"..\""),
+            ),
+            (volume(&[], "/srv/other/x"), Err("not below export-path")),
+        ];
+        for (source, want) in cases {
+            let got = clone_source(&source, &config);
+            match (want, got) {
+                (Ok(want), Ok(dir)) => assert_eq!(dir, want),
+                (Err(want), Err(message)) => assert!(
+                    message.starts_with("cannot clone volume pvc-1: ") && message.contains(want),
+                    "{message}"
+                ),
+                (want, got) => panic!("want {want:?}, got {got:?}"),
+            }
+        }
+        let mut elsewhere = annotated("/srv/k8s/team-a/db");
+        if let VolumeSource::Nfs(nfs) = &mut elsewhere.source {
+            nfs.server = "other.example.com".into();
+        }
+        assert!(clone_source(&elsewhere, &config).is_err());
+        assert_eq!(
+            staging("/export/team-a/db", "pvc-2"),
+            "/export/team-a/.pvc-2.cloning"
+        );
     }
 
     #[test]
