@@ -173,8 +173,8 @@ async fn local_path_per_node_hooks_serve_only_the_local_node() {
     let guest = lp.guest();
     assert_eq!(
         guest.contract().hooks.len(),
-        2,
-        "qualifier and deletion-guard"
+        3,
+        "qualifier, deletion-guard and cloning"
     );
     let mut mine = claim("mine");
     mine.annotations
