@@ -123,6 +123,62 @@ async fn local_path_creates_the_directory_on_the_selected_node_and_pins_the_pv()
     assert!(lp.path("node-a").is_dir(), "the node's directory stays");
 }
 
+/// local-path clones in the sandbox: the copy lands on the source's node, pinned there; a clone
+/// the scheduler placed on another node is refused and creates nothing.
+#[tokio::test]
+async fn local_path_clones_on_the_source_node_only() {
+    use wasm_provisioner::wasm::bindings::cloning::CloneSource;
+    let lp = local_path();
+    let source_req = lp.request(&[], Some("node-a"));
+    let source_built = lp.provision(&source_req).await;
+    let source_dir = lp.path(&format!(
+        "node-a/opt/local-path-provisioner/pvc-{}_ns_data",
+        source_req.claim.uid
+    ));
+    std::fs::write(source_dir.join("rows"), "42").unwrap();
+    let source = CloneSource {
+        namespace: "ns".into(),
+        name: "data".into(),
+        uid: source_req.claim.uid.clone(),
+        volume: as_volume(&source_req, &source_built),
+    };
+    let guest = lp.guest();
+    let mut copy_req = request(
+        claim("copy"),
+        class(LOCAL_PATH, &[]),
+        &guest.grants().config_json,
+    );
+    copy_req.selected_node = Some("node-a".into());
+    let built = guest
+        .provision_clone(&copy_req, &source)
+        .await
+        .expect("clone");
+    let VolumeSource::HostPath(copy) = &built.source else {
+        panic!("{:?}", built.source)
+    };
+    assert_eq!(
+        std::fs::read_to_string(lp.path(&format!("node-a{}/rows", copy.path))).unwrap(),
+        "42"
+    );
+    assert_eq!(
+        built.node_affinity[0].requirements[0].values,
+        vec!["node-a".to_string()]
+    );
+
+    let mut elsewhere = request(
+        claim("elsewhere"),
+        class(LOCAL_PATH, &[]),
+        &guest.grants().config_json,
+    );
+    elsewhere.selected_node = Some("node-b".into());
+    let message = final_message(guest.provision_clone(&elsewhere, &source).await);
+    assert!(
+        message.contains("node-a") && message.contains("node-b"),
+        "{message}"
+    );
+    assert!(!lp.path("node-b").exists(), "nothing created on node-b");
+}
+
 #[tokio::test]
 async fn local_path_local_volumes_refusals_and_ungranted_node_paths() {
     let lp = local_path();
@@ -225,6 +281,44 @@ async fn nfs_subdir_builds_an_nfs_pv_and_archives_by_default() {
     assert!(
         nfs.path(&format!("archived-{dir}")).is_dir(),
         "archived (the default)"
+    );
+}
+
+/// nfs-subdir clones in the sandbox, within its export.
+#[tokio::test]
+async fn nfs_subdir_clones_within_its_export() {
+    use wasm_provisioner::wasm::bindings::cloning::CloneSource;
+    let nfs = nfs_subdir(&[]);
+    let source_req = nfs.request(&[], None);
+    let source_built = nfs.provision(&source_req).await;
+    std::fs::write(
+        nfs.path(&format!("ns-data-pvc-{}/rows", source_req.claim.uid)),
+        "42",
+    )
+    .unwrap();
+    let source = CloneSource {
+        namespace: "ns".into(),
+        name: "data".into(),
+        uid: source_req.claim.uid.clone(),
+        volume: as_volume(&source_req, &source_built),
+    };
+    let guest = nfs.guest();
+    let copy_req = request(
+        claim("copy"),
+        class(NFS_SUBDIR, &[]),
+        &guest.grants().config_json,
+    );
+    let built = guest
+        .provision_clone(&copy_req, &source)
+        .await
+        .expect("clone");
+    assert!(
+        matches!(&built.source, VolumeSource::Nfs(n) if n.path.ends_with(&format!("ns-copy-pvc-{}", copy_req.claim.uid)))
+    );
+    assert_eq!(
+        std::fs::read_to_string(nfs.path(&format!("ns-copy-pvc-{}/rows", copy_req.claim.uid)))
+            .unwrap(),
+        "42"
     );
 }
 
