@@ -367,7 +367,7 @@ async fn cloned_volume(world: &mut NodeCluster) -> anyhow::Result<()> {
     let original = world.wait_bound("default", "original").await?;
     world
         .run_pod(
-            "author",
+            "clone-author",
             "original",
             "mkdir /data/letters && echo dear-clone > /data/letters/one",
         )
@@ -377,17 +377,17 @@ async fn cloned_volume(world: &mut NodeCluster) -> anyhow::Result<()> {
         .await?;
     let copy = world.wait_bound("default", "copy").await?;
     world
-        .run_pod("reader", "copy", "cat /data/letters/one")
+        .run_pod("clone-reader", "copy", "cat /data/letters/one")
         .await?;
-    let read = world.pod_output("default", "reader")?;
+    let read = world.pod_output("default", "clone-reader")?;
     ensure!(read == "dear-clone", "the clone's pod read {read:?}");
     println!(
         "clone {} of {}: a pod read what another wrote into the source",
         copy.metadata.name.as_deref().unwrap_or_default(),
         original.metadata.name.as_deref().unwrap_or_default()
     );
-    world.delete_pod("default", "author").await?;
-    world.delete_pod("default", "reader").await?;
+    world.delete_pod("default", "clone-author").await?;
+    world.delete_pod("default", "clone-reader").await?;
     world
         .delete_claim_and_wait_storage("default", "copy", &copy)
         .await?;
