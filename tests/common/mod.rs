@@ -35,6 +35,10 @@ pub fn guest_wasm(name: &str) -> PathBuf {
                 "--manifest-path",
             ])
             .arg(repo().join("guests/Cargo.toml"))
+            // Where this function looks for them, whatever CARGO_TARGET_DIR says (a benchmark
+            // built with another target directory found no guests, or stale ones).
+            .arg("--target-dir")
+            .arg(repo().join("guests/target"))
             .status()
             .expect("run cargo to build the guests");
         assert!(
