@@ -10,7 +10,13 @@
 //!   PVs of a static pool (part `foreign`: run it alone, so that the cluster holds only those);
 //! * start-up: process start to "controller started".
 //!
-//! `WP_BENCH_BINARY` runs another build of the provisioner. `WP_BENCH_CLAIMS` (default 500) and `WP_BENCH_OBJECTS` (default 10000) size the runs;
+//! `WP_BENCH_BINARY` runs another build of the provisioner. `WP_BENCH_GO_BINARY` names a build of
+//! `sig-storage-lib-external-provisioner`'s hostpath example taking `-kubeconfig`,
+//! `-kube-api-qps`, `-kube-api-burst`, `-worker-threads`, `-leader-elect` and `-pv-dir` (see
+//! docs/benchmarks.md): when set, throughput runs it on the same control plane, its runs
+//! alternating with ours (at its own defaults, QPS 5 / burst 10, in the "each at its defaults"
+//! profile; at ours in the others that it has), and memory adds its RSS in the same states.
+//! The load average is printed at the start and the end. `WP_BENCH_CLAIMS` (default 500) and `WP_BENCH_OBJECTS` (default 10000) size the runs;
 //! `WP_BENCH_RUNS` (default 3) processes per memory figure; `WP_BENCH_PARTS` (default `throughput,memory`; also `foreign`) picks the parts; `WP_BENCH_PROFILES` (indexes,
 //! default all) picks the client profiles.
 //! Nothing is asserted; figures go to stdout.
@@ -32,7 +38,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::json;
 use wasm_provisioner::controller::ratelimit::RateLimiter;
-use wp_harness::{ControlPlane, Process, wait_for};
+use wp_harness::{ControlPlane, Process, apply_yaml, wait_for};
 
 const PROVISIONER: &str = "bench.wasm-provisioner.dev/hostpath";
 
@@ -42,15 +48,19 @@ struct Profile {
     burst: u32,
     workers: usize,
     extra: &'static [&'static str],
+    /// The Go library's client settings in this profile (its example's defaults where ours run
+    /// at ours), or `None` where the profile only varies our flags.
+    go: Option<(f64, u32)>,
 }
 
 const PROFILES: [Profile; 5] = [
     Profile {
-        name: "defaults (qps 50, burst 100, 4 workers)",
+        name: "each at its defaults (4 workers)",
         qps: 50.0,
         burst: 100,
         workers: 4,
         extra: &[],
+        go: Some((5.0, 10)),
     },
     Profile {
         name: "equal budget (qps 100, burst 200, 4 workers), intent log",
@@ -58,6 +68,7 @@ const PROFILES: [Profile; 5] = [
         burst: 200,
         workers: 4,
         extra: &[],
+        go: Some((100.0, 200)),
     },
     Profile {
         name: "equal budget, --intent-record=claim-finalizer",
@@ -65,6 +76,7 @@ const PROFILES: [Profile; 5] = [
         burst: 200,
         workers: 4,
         extra: &["--intent-record=claim-finalizer"],
+        go: None,
     },
     Profile {
         name: "equal budget, --intent-record=off (no leak protection)",
@@ -72,6 +84,7 @@ const PROFILES: [Profile; 5] = [
         burst: 200,
         workers: 4,
         extra: &["--intent-record=off"],
+        go: None,
     },
     Profile {
         name: "raised (qps 200, burst 400, 16 workers)",
@@ -79,6 +92,7 @@ const PROFILES: [Profile; 5] = [
         burst: 400,
         workers: 16,
         extra: &[],
+        go: Some((200.0, 400)),
     },
 ];
 
@@ -88,6 +102,121 @@ fn provisioner_binary() -> std::path::PathBuf {
     std::env::var_os("WP_BENCH_BINARY")
         .map(Into::into)
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_wasm-provisioner").into())
+}
+
+/// The Go library's hostpath example (`sig-storage-lib-external-provisioner`), built with flags
+/// for its kubeconfig and client settings: `WP_BENCH_GO_BINARY`, run beside ours when set.
+fn go_binary() -> Option<std::path::PathBuf> {
+    std::env::var_os("WP_BENCH_GO_BINARY").map(Into::into)
+}
+
+/// The provisioner name the Go example has compiled in.
+const GO_PROVISIONER: &str = "example.com/hostpath";
+
+/// The Go example's PV annotation names the node it runs on (it deletes only PVs stamped with
+/// its own); any name does.
+const GO_NODE_NAME: &str = "bench-node";
+
+/// What the Go example needs, as its own `rbac.yaml` grants it (without leader election, which
+/// the bench turns off on both sides), bound to spare identity 1 so that both provisioners go
+/// through RBAC in the throughput runs.
+fn go_rbac(cp: &ControlPlane) -> String {
+    format!(
+        r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: bench-go-hostpath-provisioner
+rules:
+  - apiGroups: [""]
+    resources: ["persistentvolumes"]
+    verbs: ["get", "list", "watch", "create", "delete"]
+  - apiGroups: [""]
+    resources: ["persistentvolumeclaims"]
+    verbs: ["get", "list", "watch"]
+  - apiGroups: ["storage.k8s.io"]
+    resources: ["storageclasses"]
+    verbs: ["get", "list", "watch"]
+  - apiGroups: [""]
+    resources: ["events"]
+    verbs: ["create", "update", "patch"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: bench-go-hostpath-provisioner
+subjects:
+  - kind: User
+    name: "{}"
+    apiGroup: rbac.authorization.k8s.io
+roleRef:
+  kind: ClusterRole
+  name: bench-go-hostpath-provisioner
+  apiGroup: rbac.authorization.k8s.io
+"#,
+        cp.restricted_user(1)
+    )
+}
+
+/// Which provisioner a run measures.
+#[derive(Clone, Copy, PartialEq)]
+enum Side {
+    Ours,
+    Go,
+}
+
+impl Side {
+    fn label(self) -> &'static str {
+        match self {
+            Side::Ours => "wasm-provisioner",
+            Side::Go => "Go library",
+        }
+    }
+
+    /// The provisioner name its StorageClass names.
+    fn provisioner(self) -> &'static str {
+        match self {
+            Side::Ours => PROVISIONER,
+            Side::Go => GO_PROVISIONER,
+        }
+    }
+
+    /// (QPS, burst) this side runs with in `p`.
+    fn budget(self, p: &Profile) -> (f64, u32) {
+        match self {
+            Side::Ours => (p.qps, p.burst),
+            Side::Go => p.go.unwrap_or((p.qps, p.burst)),
+        }
+    }
+
+    /// What its log says once its caches have synced and it works.
+    fn ready_marker(self) -> &'static str {
+        match self {
+            Side::Ours => "caches synced; ready",
+            Side::Go => "Started provisioner controller",
+        }
+    }
+}
+
+/// The Go example over `storage` (volumes are `<storage>/<PV name>`), as the user of
+/// `kubeconfig`, one replica without leader election (as ours runs in the bench).
+fn go_command(
+    kubeconfig: &Path,
+    storage: &Path,
+    qps: f64,
+    burst: u32,
+    workers: usize,
+) -> std::process::Command {
+    let mut cmd = std::process::Command::new(go_binary().expect("WP_BENCH_GO_BINARY"));
+    cmd.arg("-kubeconfig")
+        .arg(kubeconfig)
+        .arg(format!("-kube-api-qps={qps}"))
+        .arg(format!("-kube-api-burst={burst}"))
+        .arg(format!("-worker-threads={workers}"))
+        .arg("-leader-elect=false")
+        .arg("-pv-dir")
+        .arg(storage)
+        .env("NODE_NAME", GO_NODE_NAME);
+    cmd
 }
 
 /// The profiles to run: `WP_BENCH_PROFILES` as comma-separated indexes into [`PROFILES`].
@@ -341,45 +470,68 @@ fn plugins_with(dir: &Path, storage: &Path, names: &[&str]) {
     }
 }
 
+/// One run of `side` in profile `p`: N claims of a fresh class created, waited for, deleted and
+/// waited for, with the same readiness rules for either provisioner.
 async fn provision_run(
     cp: &ControlPlane,
     admin: &Client,
     n: usize,
     p: &Profile,
     tag: &str,
+    side: Side,
 ) -> anyhow::Result<Provisioned> {
     let storage = tempfile::tempdir()?;
     let plugins = tempfile::tempdir()?;
-    plugins_with(plugins.path(), storage.path(), &["hostpath"]);
+    let tag = match side {
+        Side::Ours => tag.to_string(),
+        Side::Go => format!("go-{tag}"),
+    };
     let ns = format!("bench-{tag}");
     create_namespace(admin, &ns).await?;
     let class = format!("bench-{tag}");
     Api::<StorageClass>::all(admin.clone())
         .create(
             &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": class}, "provisioner": PROVISIONER, "reclaimPolicy": "Delete"}))?,
+            &serde_json::from_value(
+                json!({"metadata": {"name": class}, "provisioner": side.provisioner(),
+                "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"}),
+            )?,
         )
         .await?;
-    let mut cmd = std::process::Command::new(provisioner_binary());
-    cmd.args(["run", "--plugins"])
-        .arg(plugins.path())
-        .arg("--kubeconfig")
-        .arg(cp.provisioner_kubeconfig())
-        .args([
-            "--kube-api-qps",
-            &p.qps.to_string(),
-            "--kube-api-burst",
-            &p.burst.to_string(),
-        ])
-        .args(["--worker-threads", &p.workers.to_string()])
-        .args(p.extra)
-        .args(["--leader-election=false"])
-        // The intent log lives where the provisioner's Role is (deploy/rbac.yaml).
-        .args(["--leader-election-namespace", "wasm-provisioner"])
-        .env("RUST_LOG", "warn,wasm_provisioner::controller::start=info");
+    let (qps, burst) = side.budget(p);
+    let cmd = match side {
+        Side::Ours => {
+            plugins_with(plugins.path(), storage.path(), &["hostpath"]);
+            let mut cmd = std::process::Command::new(provisioner_binary());
+            cmd.args(["run", "--plugins"])
+                .arg(plugins.path())
+                .arg("--kubeconfig")
+                .arg(cp.provisioner_kubeconfig())
+                .args([
+                    "--kube-api-qps",
+                    &qps.to_string(),
+                    "--kube-api-burst",
+                    &burst.to_string(),
+                ])
+                .args(["--worker-threads", &p.workers.to_string()])
+                .args(p.extra)
+                .args(["--leader-election=false"])
+                // The intent log lives where the provisioner's Role is (deploy/rbac.yaml).
+                .args(["--leader-election-namespace", "wasm-provisioner"])
+                .env("RUST_LOG", "warn,wasm_provisioner::controller::start=info");
+            cmd
+        }
+        Side::Go => go_command(
+            cp.restricted_kubeconfig(1),
+            storage.path(),
+            qps,
+            burst,
+            p.workers,
+        ),
+    };
     let mut process = Process::spawn(cmd, cp.run_dir().join(format!("bench-{tag}.log")))?;
     wait_for("provisioner ready", Duration::from_secs(120), || async {
-        Ok(process.log().contains("caches synced; ready").then_some(()))
+        Ok(process.log().contains(side.ready_marker()).then_some(()))
     })
     .await
     .with_context(|| process.log_tail(40))?;
@@ -487,6 +639,9 @@ async fn provision_run(
             ("POST", "configmaps", true),
             ("PUT", "configmaps", true),
             ("PATCH", "configmaps", true),
+            // Not on the budget for either side (kube-controller-manager's events are in these
+            // counters too), although the Go library's recorder shares its client's limiter
+            // where ours has a budget of its own.
             ("POST", "events", false),
             ("PATCH", "events", false),
         ] {
@@ -558,22 +713,56 @@ fn admin_run(
     cmd
 }
 
-/// One provisioner process over `plugins` until its RSS settles: (start to "controller started",
-/// settled RSS in KiB).
+/// A process the memory figures measure: ours (as the cluster admin, one replica) over `plugins`
+/// with `cache` and `extra` flags, or the Go library's example (as the cluster admin too, its
+/// defaults otherwise, volumes under `storage`).
+#[derive(Clone, Copy)]
+enum Launch<'a> {
+    Ours {
+        plugins: &'a Path,
+        cache: &'a Path,
+        extra: &'a [&'a str],
+    },
+    Go {
+        storage: &'a Path,
+    },
+}
+
+impl Launch<'_> {
+    /// The command, and what its log says once it has started.
+    fn command(&self, cp: &ControlPlane) -> (std::process::Command, &'static str) {
+        match *self {
+            Launch::Ours {
+                plugins,
+                cache,
+                extra,
+            } => (
+                admin_run(cp, plugins, cache, extra, "info"),
+                "controller started",
+            ),
+            Launch::Go { storage } => (
+                go_command(cp.admin_kubeconfig(), storage, 5.0, 10, 4),
+                Side::Go.ready_marker(),
+            ),
+        }
+    }
+}
+
+/// One process until its RSS settles: (start to "controller started" or, for the Go library,
+/// to its controller started after its caches synced, settled RSS in KiB).
 async fn settled_rss(
     cp: &ControlPlane,
-    plugins: &Path,
-    cache: &Path,
-    extra: &[&str],
+    launch: Launch<'_>,
     tag: &str,
 ) -> anyhow::Result<(Duration, u64)> {
-    let cmd = admin_run(cp, plugins, cache, extra, "info");
+    let (cmd, marker) = launch.command(cp);
     let start = Instant::now();
     let mut process = Process::spawn(cmd, cp.run_dir().join(format!("bench-memory-{tag}.log")))?;
     wait_for("controller started", Duration::from_secs(120), || async {
-        Ok(process.log().contains("controller started").then_some(()))
+        Ok(process.log().contains(marker).then_some(()))
     })
-    .await?;
+    .await
+    .with_context(|| process.log_tail(40))?;
     let started = start.elapsed();
     // The claim and PV caches fill after start; RSS has settled once it moved < 512 KiB in 5 s.
     let (mut last, mut settled) = (0, Instant::now());
@@ -689,19 +878,13 @@ async fn first_pv_runs(
 /// Settled RSS over `runs` processes: (min, median, max) in KiB.
 async fn rss_runs(
     cp: &ControlPlane,
-    plugins: &Path,
-    cache: &Path,
-    extra: &[&str],
+    launch: Launch<'_>,
     tag: &str,
     runs: usize,
 ) -> anyhow::Result<[u64; 3]> {
     let mut all = Vec::new();
     for run in 0..runs {
-        all.push(
-            settled_rss(cp, plugins, cache, extra, &format!("{tag}-{run}"))
-                .await?
-                .1,
-        );
+        all.push(settled_rss(cp, launch, &format!("{tag}-{run}")).await?.1);
     }
     all.sort_unstable();
     Ok([all[0], all[all.len() / 2], all[all.len() - 1]])
@@ -723,6 +906,7 @@ async fn main() -> anyhow::Result<()> {
             .unwrap_or(1),
         uname()
     );
+    println!("load average at the start: {}", loadavg());
     if part("throughput") {
         throughput(&cp, &admin, n).await?;
     }
@@ -732,66 +916,102 @@ async fn main() -> anyhow::Result<()> {
     if part("foreign") {
         foreign(&cp, &admin, m).await?;
     }
+    println!("\nload average at the end: {}", loadavg());
     Ok(())
+}
+
+/// `/proc/loadavg` as it reads (1, 5 and 15 minutes, runnable/all tasks, last PID).
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.trim().to_string())
+        .unwrap_or_default()
 }
 
 async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Result<()> {
     let runs = env_usize("WP_BENCH_RUNS", 3);
+    let go = go_binary().is_some();
+    if go {
+        apply_yaml(admin, &go_rbac(cp)).await?;
+    }
     println!(
         "\nthroughput: {n} claims POSTed on 8 connections, hostpath guest, kube-apiserver/kube-controller-manager v1.20.2 on loopback; \
-         timed from the provisioner's readiness; {runs} runs per profile (min / median / max)\n"
+         timed from the provisioner's readiness; {runs} runs per profile (min / median / max){}\n",
+        if go {
+            "; the Go library's hostpath example on the same control plane, its runs alternating with ours (ours, Go, ours, Go ...)"
+        } else {
+            ""
+        }
     );
     println!(
-        "| client settings | all PVs exist, s | PVs/s (median) | claim → PV p50 / p90 / p99, ms | all claims Bound, s | all PVs and storage gone, s | deletes/s (median) | delete → PV gone p50 / p99, ms | raw PV creates/s | ceiling at its writes/claim, s | delete ceiling at its writes/claim, s |"
+        "| provisioner | client settings | QPS / burst | all PVs exist, s | PVs/s (median) | claim → PV p50 / p90 / p99, ms | all claims Bound, s | all PVs and storage gone, s | deletes/s (median) | delete → PV gone p50 / p99, ms | raw PV creates/s | ceiling at its writes/claim, s | delete ceiling at its writes/claim, s |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut calls = Vec::new();
     let mut released = Vec::new();
     for (i, profile) in profiles() {
         let (raw_create, _) = raw_rate(admin, n, profile, &i.to_string()).await?;
-        let mut results = Vec::new();
-        for run in 0..runs {
-            results.push(provision_run(cp, admin, n, profile, &format!("{i}-{run}")).await?);
+        let mut sides = vec![Side::Ours];
+        if go && profile.go.is_some() {
+            sides.push(Side::Go);
         }
-        let secs = |d: Duration| d.as_secs_f64();
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let triple = |f: fn(&Provisioned) -> Duration| {
-            let [lo, mid, hi] = spread(&results.iter().map(f).collect::<Vec<_>>());
-            (
-                format!("{:.1} / {:.1} / {:.1}", secs(lo), secs(mid), secs(hi)),
-                mid,
-            )
-        };
-        let (exist, exist_mid) = triple(|r| r.pvs_exist);
-        let (bound, _) = triple(|r| r.all_bound);
-        let (gone, gone_mid) = triple(|r| r.all_gone);
-        let mut to_pv: Vec<Duration> = results.iter().flat_map(|r| r.to_pv.clone()).collect();
-        let mut to_gone: Vec<Duration> = results.iter().flat_map(|r| r.to_gone.clone()).collect();
-        let last = results.last().expect("one run at least");
-        // The fastest any client making this many writes per claim could go on this budget.
-        let writes = last.writes_per_claim;
-        let ceiling_at =
-            |writes: f64| ((n as f64 * writes - profile.burst as f64).max(0.0)) / profile.qps;
-        let ceiling = ceiling_at(writes);
-        let delete_writes = last.delete_writes_per_claim;
-        let delete_ceiling = ceiling_at(delete_writes);
-        println!(
-            "| {} | {exist} | {:.1} | {:.0} / {:.0} / {:.0} | {bound} | {gone} | {:.1} | {:.0} / {:.0} | {:.1} | {ceiling:.1} ({writes:.2} writes) | {delete_ceiling:.1} ({delete_writes:.2} writes) |",
-            profile.name,
-            rate(n, exist_mid),
-            ms(quantile(&mut to_pv, 0.5)),
-            ms(quantile(&mut to_pv, 0.9)),
-            ms(quantile(&mut to_pv, 0.99)),
-            rate(n, gone_mid),
-            ms(quantile(&mut to_gone, 0.5)),
-            ms(quantile(&mut to_gone, 0.99)),
-            rate(n, raw_create),
-        );
-        calls.push((profile.name, last.calls_per_claim.clone()));
-        released.push((profile.name, triple(|r| r.all_released).0));
+        let mut results: Vec<Vec<Provisioned>> = sides.iter().map(|_| Vec::new()).collect();
+        for run in 0..runs {
+            for (side, results) in sides.iter().zip(results.iter_mut()) {
+                results.push(
+                    provision_run(cp, admin, n, profile, &format!("{i}-{run}"), *side).await?,
+                );
+            }
+        }
+        for (side, results) in sides.iter().zip(results) {
+            let (qps, burst) = side.budget(profile);
+            let secs = |d: Duration| d.as_secs_f64();
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            let triple = |f: fn(&Provisioned) -> Duration| {
+                let [lo, mid, hi] = spread(&results.iter().map(f).collect::<Vec<_>>());
+                (
+                    format!("{:.1} / {:.1} / {:.1}", secs(lo), secs(mid), secs(hi)),
+                    mid,
+                )
+            };
+            let (exist, exist_mid) = triple(|r| r.pvs_exist);
+            let (bound, _) = triple(|r| r.all_bound);
+            let (gone, gone_mid) = triple(|r| r.all_gone);
+            let mut to_pv: Vec<Duration> = results.iter().flat_map(|r| r.to_pv.clone()).collect();
+            let mut to_gone: Vec<Duration> =
+                results.iter().flat_map(|r| r.to_gone.clone()).collect();
+            let last = results.last().expect("one run at least");
+            // The fastest any client making this many writes per claim could go on this budget.
+            let writes = last.writes_per_claim;
+            let ceiling_at = |writes: f64| ((n as f64 * writes - burst as f64).max(0.0)) / qps;
+            let ceiling = ceiling_at(writes);
+            let delete_writes = last.delete_writes_per_claim;
+            let delete_ceiling = ceiling_at(delete_writes);
+            // The raw rate was measured at our budget only.
+            let raw = if (qps, burst) == (profile.qps, profile.burst) {
+                format!("{:.1}", rate(n, raw_create))
+            } else {
+                "—".to_string()
+            };
+            println!(
+                "| {} | {} | {qps} / {burst} | {exist} | {:.1} | {:.0} / {:.0} / {:.0} | {bound} | {gone} | {:.1} | {:.0} / {:.0} | {raw} | {ceiling:.1} ({writes:.2} writes) | {delete_ceiling:.1} ({delete_writes:.2} writes) |",
+                side.label(),
+                profile.name,
+                rate(n, exist_mid),
+                ms(quantile(&mut to_pv, 0.5)),
+                ms(quantile(&mut to_pv, 0.9)),
+                ms(quantile(&mut to_pv, 0.99)),
+                rate(n, gone_mid),
+                ms(quantile(&mut to_gone, 0.5)),
+                ms(quantile(&mut to_gone, 0.99)),
+            );
+            let label = format!("{}, {}", side.label(), profile.name);
+            calls.push((label.clone(), last.calls_per_claim.clone()));
+            released.push((label, triple(|r| r.all_released).0));
+        }
     }
     println!(
-        "\nAPI requests per claim (kube-apiserver's apiserver_request_total deltas, last run, after the event queue drained):\n"
+        "\nAPI requests per claim (kube-apiserver's apiserver_request_total deltas, last run, after the event queue drained; \
+         writes on the budget: PV, claim and intent-log writes; events, kube-controller-manager's included, are not counted as writes, although the Go library's share its client's limiter):\n"
     );
     for (profile, calls) in calls {
         let list: Vec<String> = calls.iter().map(|(k, v)| format!("{k} {v:.2}")).collect();
@@ -809,29 +1029,38 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
 async fn memory(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<()> {
     let runs = env_usize("WP_BENCH_RUNS", 3);
     let (_storage, plugins, cache) = three_guests()?;
+    let go_storage = tempfile::tempdir()?;
+    let ours = |extra| Launch::Ours {
+        plugins: plugins.path(),
+        cache: cache.path(),
+        extra,
+    };
+    let go = go_binary().map(|_| Launch::Go {
+        storage: go_storage.path(),
+    });
     // Start-up twice with one module cache: the first compiles (cold), the second deserializes.
-    let (cold, _) = settled_rss(cp, plugins.path(), cache.path(), &[], "cold").await?;
-    let (warm, _) = settled_rss(cp, plugins.path(), cache.path(), &[], "warm").await?;
-    let empty = rss_runs(cp, plugins.path(), cache.path(), &[], "empty", runs).await?;
+    let (cold, _) = settled_rss(cp, ours(&[]), "cold").await?;
+    let (warm, _) = settled_rss(cp, ours(&[]), "warm").await?;
+    let empty = rss_runs(cp, ours(&[]), "empty", runs).await?;
+    let go_empty = match go {
+        Some(go) => Some(rss_runs(cp, go, "go-empty", runs).await?),
+        None => None,
+    };
     let started = Instant::now();
     let bound = bound_pairs(admin, "bench-memory", m).await?;
     let filled = started.elapsed();
-    let settled = rss_runs(cp, plugins.path(), cache.path(), &[], "settled", runs).await?;
-    let whole = rss_runs(
-        cp,
-        plugins.path(),
-        cache.path(),
-        &["--cache-whole-objects"],
-        "whole",
-        runs,
-    )
-    .await?;
+    let settled = rss_runs(cp, ours(&[]), "settled", runs).await?;
+    let go_settled = match go {
+        Some(go) => Some(rss_runs(cp, go, "go-settled", runs).await?),
+        None => None,
+    };
+    let whole = rss_runs(cp, ours(&["--cache-whole-objects"]), "whole", runs).await?;
     let (ready, first) = first_pv_runs(cp, admin, plugins.path(), cache.path(), runs).await?;
     println!(
         "\nmemory and start-up: three guests loaded; {m} claims bound to {m} PVs ({bound} Bound, made in {:.0} s); {runs} processes each\n",
         filled.as_secs_f64()
     );
-    print_rss_rows(&[
+    let mut rows = vec![
         ("RSS, no claims or PVs in the cluster", empty),
         (
             "RSS, caches full (default: settled claims dropped, settled PVs as their identity)",
@@ -841,7 +1070,18 @@ async fn memory(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<(
             "RSS, caches full (whole objects, as an informer: `--cache-whole-objects`)",
             whole,
         ),
-    ]);
+    ];
+    if let (Some(go_empty), Some(go_settled)) = (go_empty, go_settled) {
+        rows.push((
+            "Go library's hostpath example: RSS, no claims or PVs in the cluster",
+            go_empty,
+        ));
+        rows.push((
+            "Go library's hostpath example: RSS, the same bound pairs cached (its informers, synced)",
+            go_settled,
+        ));
+    }
+    print_rss_rows(&rows);
     for (what, values) in [
         (
             "process start → ready (caches synced), with the bound pairs in the cluster",
@@ -910,16 +1150,13 @@ async fn foreign(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<
     let started = Instant::now();
     let (pending, available) = foreign_objects(admin, "bench-foreign", m).await?;
     let filled = started.elapsed();
-    let default = rss_runs(cp, plugins.path(), cache.path(), &[], "foreign", runs).await?;
-    let whole = rss_runs(
-        cp,
-        plugins.path(),
-        cache.path(),
-        &["--cache-whole-objects"],
-        "foreign-whole",
-        runs,
-    )
-    .await?;
+    let ours = |extra| Launch::Ours {
+        plugins: plugins.path(),
+        cache: cache.path(),
+        extra,
+    };
+    let default = rss_runs(cp, ours(&[]), "foreign", runs).await?;
+    let whole = rss_runs(cp, ours(&["--cache-whole-objects"]), "foreign-whole", runs).await?;
     println!(
         "\nmemory, nothing ours: three guests loaded; {m} Pending claims of another provisioner's class ({pending} Pending, annotated) and {m} Available PVs of a static pool ({available} Available), made in {:.0} s; {runs} processes each\n",
         filled.as_secs_f64()
