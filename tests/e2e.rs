@@ -714,18 +714,24 @@ async fn a_source_deleted_during_its_copy_waits_for_it(
 ) -> anyhow::Result<()> {
     let mut w = World::new(cp, SUITE, "clone-held", "scripted").await?;
     w.start(&[])?;
-    let class = w.class("slow").param("delayMs", "3000").create().await?;
+    let class = w.class("plain").create().await?;
     w.claim("db").class(&class).create().await?;
     w.wait_bound("db").await?;
+    // The scripted guest's copy waits while this file exists: the source is deleted meanwhile.
+    let hold = w.storage.path().join("clones.hold");
+    std::fs::write(&hold, "")?;
     let copy = w
         .claim("copy")
         .class(&class)
         .data_source("", "PersistentVolumeClaim", "db")
         .create()
         .await?;
-    w.wait_guest_started(&pv_name(&copy)).await?;
+    let source_file = w.storage.path().join(format!("{}.source", pv_name(&copy)));
+    w.wait_file("the clone's copy under way", &source_file)
+        .await?;
     w.claims().delete("db", &DeleteParams::default()).await?;
     let held = w.claims().get("db").await?;
+    std::fs::remove_file(&hold)?;
     ensure!(
         held.metadata.deletion_timestamp.is_some()
             && held
@@ -737,8 +743,7 @@ async fn a_source_deleted_during_its_copy_waits_for_it(
     );
     w.wait_bound("copy").await?;
     w.wait_claim_gone("db").await?;
-    let recorded =
-        std::fs::read_to_string(w.storage.path().join(format!("{}.source", pv_name(&copy))))?;
+    let recorded = std::fs::read_to_string(&source_file)?;
     ensure!(recorded.starts_with(&format!("{}/db ", w.ns)), "{recorded}");
 
     let restore = w

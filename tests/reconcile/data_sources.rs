@@ -216,3 +216,22 @@ async fn a_source_left_held_by_a_crash_is_let_go() {
         world.finalizers("db")
     );
 }
+
+/// Every instance uses the clone-source finalizer's name: one that does not serve a claim's
+/// provisioner never takes it off (another instance's guest may be copying that claim).
+#[tokio::test]
+async fn another_provisioners_source_keeps_its_finalizer() {
+    let mut world = World::of("hostpath", "/volumes", settings(), "");
+    world.class("fast", json!({}), json!({}));
+    let mut theirs = claim_of("theirs", "fast", "other.example.com/copier");
+    theirs["spec"]["volumeName"] = json!("pvc-theirs");
+    theirs["status"] = json!({"phase": "Bound"});
+    theirs["metadata"]["finalizers"] = json!(["wasm-provisioner.dev/clone-source"]);
+    let held = world.claim(theirs);
+    world.provision(&held).await.expect("reconciled");
+    assert_eq!(
+        world.finalizers("theirs"),
+        ["wasm-provisioner.dev/clone-source"],
+        "not ours to take off"
+    );
+}

@@ -170,7 +170,7 @@ mod tests {
     use super::*;
     use std::fs;
     use wasm_provisioner_sdk::testing::{self, FakeHost};
-    use wasm_provisioner_sdk::{CloneSource, VolumeSource, pair};
+    use wasm_provisioner_sdk::{VolumeSource, pair};
 
     /// A granted directory: a temporary directory seen as both guest-dir and node-dir.
     struct Dir(std::path::PathBuf);
@@ -264,6 +264,7 @@ mod tests {
         );
     }
 
+    #[cfg(unix)]
     #[test]
     fn a_clone_copies_the_source_and_a_cut_short_copy_goes_with_the_volume() {
         let dir = Dir::new("clone");
@@ -274,7 +275,7 @@ mod tests {
         fs::create_dir(source_path.join("db")).unwrap();
         fs::write(source_path.join("db/rows"), b"42").unwrap();
         std::os::unix::fs::symlink("db/rows", source_path.join("latest")).unwrap();
-        let source = CloneSource {
+        let source = wasm_provisioner_sdk::CloneSource {
             namespace: "team-a".into(),
             name: "data".into(),
             uid: "uid-team-a-data".into(),

@@ -290,6 +290,7 @@ mod tests {
         (request, clone_source)
     }
 
+    #[cfg(unix)]
     fn node_affinity(spec: &VolumeSpec) -> Vec<(String, Vec<String>)> {
         spec.node_affinity
             .iter()
@@ -298,6 +299,7 @@ mod tests {
             .collect()
     }
 
+    #[cfg(unix)]
     #[test]
     fn a_clone_copies_the_source_on_its_node_and_a_cut_short_copy_goes_with_the_volume() {
         let nodes = Nodes::new("clone");

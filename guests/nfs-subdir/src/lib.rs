@@ -296,6 +296,7 @@ mod tests {
     }
 
     /// Claim `ns/name` of a class with `params`, cloning the volume `source` describes.
+    #[cfg(unix)]
     fn clone_of(
         export: &Export,
         name: &str,
@@ -318,6 +319,7 @@ mod tests {
         (request, clone_source)
     }
 
+    #[cfg(unix)]
     #[test]
     fn a_clone_copies_the_source_and_a_cut_short_copy_goes_with_the_volume() {
         let export = Export::new("clone");

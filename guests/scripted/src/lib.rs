@@ -5,7 +5,8 @@
 //! provision: append calls.log ─▶ count <pv>.attempts ─▶ (success: build spec, create <pv>) ─▶ write <pv>.started ─▶ delayMs / spinForever
 //!            ─▶ scripted failure (fail, failTimes) or mkdir <pv> + hostPath <node-dir>/<pv>
 //! delete:    append calls.log ─▶ scripted failure (delete-fail annotations) ─▶ deleteDelayMs ─▶ rm -r <pv> (or the byClaim directory)
-//! clone:     provision-clone records its source in <pv>.source, then provisions as above
+//! clone:     provision-clone records its source in <pv>.source, waits while clones.hold exists,
+//!            then provisions as above
 //! hooks:     should-provision (claim skip annotation), should-delete (PV keep annotation),
 //!            supported (capabilities: block and selector), supports-block (always true; the
 //!            host asks `supported` instead, this stays for the old contract's sake)
@@ -51,7 +52,8 @@ impl lifecycle::Guest for Scripted {
 }
 
 /// A clone is scripted like any provision; the source it was handed is recorded in
-/// `<pv>.source` (`namespace/name uid volume-name`) for the test to compare with the cluster.
+/// `<pv>.source` (`namespace/name uid volume-name`) for the test to compare with the cluster,
+/// and the call waits while `clones.hold` exists.
 impl cloning::Guest for Scripted {
     fn provision_clone(
         request: ProvisionRequest,
@@ -66,6 +68,11 @@ impl cloning::Guest for Scripted {
                 source.namespace, source.name, source.uid, source.volume.name
             ),
         )?;
+        // While `clones.hold` exists in the state directory, the copy is "running": a test holds
+        // it there (within the call deadline) to act on the source meanwhile.
+        while fs::metadata(state.config.guest_path("clones.hold")).is_ok() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         provision(&request)
     }
 }

@@ -189,6 +189,7 @@ mod tests {
 
     /// A copy takes files, directories and links (as links, relative or absolute, never their
     /// targets), leaves FIFOs out, and stops at its deadline.
+    #[cfg(unix)]
     #[test]
     fn a_tree_is_copied_by_descriptor_with_links_as_links() {
         use std::os::unix::fs::symlink;

@@ -17,7 +17,7 @@ use kube::ResourceExt;
 use super::ClaimError;
 use crate::controller::convert;
 use crate::controller::data_source::{self, DataSource};
-use crate::controller::decide::{self, FINALIZER_CLONE_SOURCE, has_finalizer};
+use crate::controller::decide::{self, FINALIZER_CLONE_SOURCE, Serving, has_finalizer};
 use crate::controller::events;
 use crate::controller::handle::Handle;
 use crate::wasm::bindings::cloning::CloneSource;
@@ -234,7 +234,14 @@ pub(super) async fn release_if_stale(
     pvc: &PersistentVolumeClaim,
 ) -> Result<(), ClaimError> {
     let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
-    if !has_finalizer(&pvc.metadata.finalizers, FINALIZER_CLONE_SOURCE)
+    if !has_finalizer(&pvc.metadata.finalizers, FINALIZER_CLONE_SOURCE) {
+        return Ok(());
+    }
+    // Every instance uses this finalizer's name: only the one serving the source's provisioner
+    // (whose guests copy it) may judge whether a copy of it is under way.
+    let provisioner = decide::claim_provisioner(pvc).unwrap_or_default();
+    let plugins = handle.ctx().plugins();
+    if matches!(super::serving(&plugins, provisioner), Serving::No)
         || handle.ctx().clone_sources.copying(uid)
         || pending_clones(handle, pvc, None)
     {
