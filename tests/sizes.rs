@@ -1,0 +1,369 @@
+//! Enforced sizes (src/sizes/) on a real btrfs: a loop-mounted image per test, made with mkfs.btrfs (btrfs-progs, for the tests only), as root.
+//!
+//! Nothing here is skipped: without root, loop devices, btrfs or mkfs.btrfs each test fails
+//! with what is missing (CI runs as root on a kernel with btrfs).
+
+use std::fs::{self, File};
+use std::io::{Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use wasm_provisioner::sizes::{Quotas, SizeBackend, SizeError, btrfs};
+
+const MIB: u64 = 1 << 20;
+const SIZES: SizeBackend = SizeBackend::Btrfs;
+
+/// A fresh btrfs (1 GiB sparse image, quotas off) mounted on a temporary directory; unmounted
+/// and its loop device detached on drop, a panicking test included.
+struct Btrfs {
+    dir: tempfile::TempDir,
+    mnt: PathBuf,
+}
+
+/// Runs a command; panics with its output when it fails or cannot be started.
+fn run(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program).args(args).output().unwrap_or_else(|e| {
+        panic!("cannot run {program} ({e}); the sizes tests need btrfs-progs (apt-get install btrfs-progs, as .ci/setup does) and util-linux")
+    });
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl Btrfs {
+    fn new() -> Self {
+        assert!(
+            rustix::process::geteuid().is_root(),
+            "tests/sizes.rs needs root: it loop-mounts btrfs images and the btrfs quota ioctls need CAP_SYS_ADMIN (CI runs as root)"
+        );
+        let filesystems = fs::read_to_string("/proc/filesystems").unwrap_or_default();
+        if !filesystems.contains("btrfs") {
+            // The module may just not be loaded yet; mount loads it.
+            let _ = Command::new("modprobe").arg("btrfs").status();
+        }
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let image = dir.path().join("image");
+        File::create(&image)
+            .and_then(|f| f.set_len(1024 * MIB))
+            .expect("sparse image file");
+        run("mkfs.btrfs", &["-q", path(&image)]);
+        let mnt = dir.path().join("mnt");
+        fs::create_dir(&mnt).expect("mount point");
+        let out = Command::new("mount")
+            .args(["-o", "loop", path(&image), path(&mnt)])
+            .output()
+            .expect("cannot run mount");
+        assert!(
+            out.status.success(),
+            "mounting a btrfs image failed (is btrfs in this kernel, are loop devices available?): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self { dir, mnt }
+    }
+
+    /// The top-level directory, opened.
+    fn root(&self) -> File {
+        File::open(&self.mnt).expect("open the mount point")
+    }
+
+    /// Enables quotas through the module (as a probe asked to).
+    fn with_quotas(self) -> Self {
+        let probe = SIZES.check(self.root(), true).expect("quotas enabled");
+        assert_eq!(probe.quotas, Quotas::On);
+        self
+    }
+
+    /// Commits the filesystem so qgroup numbers are current.
+    fn commit(&self) {
+        rustix::fs::syncfs(self.root()).expect("syncfs");
+    }
+}
+
+impl Drop for Btrfs {
+    fn drop(&mut self) {
+        let mnt = path(&self.mnt);
+        let unmounted = Command::new("umount").arg(mnt).status();
+        if !unmounted.is_ok_and(|s| s.success()) {
+            let _ = Command::new("umount").args(["-l", mnt]).status();
+        }
+        // mount -o loop sets autoclear; detach anyway if the device is still there.
+        let image = self.dir.path().join("image");
+        if let Ok(out) = Command::new("losetup").args(["-j", path(&image)]).output() {
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if let Some(device) = line.split(':').next() {
+                    let _ = Command::new("losetup").args(["-d", device]).status();
+                }
+            }
+        }
+    }
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 temporary path")
+}
+
+/// Writes `bytes` (1 MiB chunks, a pattern) to `file`, then fsyncs; the error if any, and how
+/// long the file is after.
+fn write(file: &Path, bytes: u64) -> (Option<std::io::Error>, u64) {
+    let mut f = File::create(file).expect("create the file");
+    let chunk: Vec<u8> = (0..MIB).map(|i| (i % 251) as u8).collect();
+    let mut error = None;
+    for _ in 0..bytes / MIB {
+        if let Err(e) = f.write_all(&chunk) {
+            error = Some(e);
+            break;
+        }
+    }
+    if error.is_none()
+        && let Err(e) = f.sync_all()
+    {
+        error = Some(e);
+    }
+    let len = f.metadata().expect("metadata").len();
+    (error, len)
+}
+
+fn is_edquot(error: &std::io::Error) -> bool {
+    error.raw_os_error() == Some(libc::EDQUOT)
+}
+
+#[test]
+fn probe_finds_btrfs_with_quotas_off_then_enables_them() {
+    let fs = Btrfs::new();
+    let probe = SIZES.probe(fs.root(), false).expect("probe");
+    assert_eq!(probe.quotas, Quotas::Off);
+    assert!(!probe.read_only && probe.writable, "{probe:?}");
+    let error = probe.require().expect_err("quotas are off");
+    assert!(matches!(error, SizeError::QuotasOff), "{error:?}");
+    assert!(
+        error.to_string().contains("quotas are not enabled"),
+        "{error}"
+    );
+    let error = SIZES.check(fs.root(), false).expect_err("quotas still off");
+    assert!(matches!(error, SizeError::QuotasOff), "{error:?}");
+
+    let probe = SIZES.probe(fs.root(), true).expect("probe enabling quotas");
+    assert_eq!(probe.quotas, Quotas::On);
+    probe.require().expect("ready");
+    // Enabled once, probing again (asked to enable or not) finds them on.
+    assert_eq!(SIZES.probe(fs.root(), false).unwrap().quotas, Quotas::On);
+    assert_eq!(btrfs::quotas(fs.root()).unwrap(), Quotas::On);
+
+    // Read-only: quotas on, but no volume can be made there.
+    run("mount", &["-o", "remount,ro", path(&fs.mnt)]);
+    let probe = SIZES.probe(fs.root(), true).expect("probe read-only");
+    assert!(probe.read_only, "{probe:?}");
+    let error = probe.require().expect_err("read-only");
+    assert!(matches!(error, SizeError::ReadOnly), "{error:?}");
+    assert!(error.to_string().contains("read-only"), "{error}");
+}
+
+#[test]
+fn other_filesystems_are_refused_by_name() {
+    let mut dirs = vec![tempfile::tempdir().expect("temporary directory")];
+    if Path::new("/dev/shm").is_dir() {
+        dirs.push(tempfile::tempdir_in("/dev/shm").expect("directory in /dev/shm"));
+    }
+    let mut refused = 0;
+    for dir in &dirs {
+        let root = File::open(dir.path()).unwrap();
+        if rustix::fs::fstatfs(&root).unwrap().f_type as u64 & 0xffff_ffff == btrfs::SUPER_MAGIC {
+            continue; // a temporary directory that happens to be on btrfs proves nothing here
+        }
+        for error in [
+            SIZES.probe(&root, true).expect_err("not btrfs"),
+            SIZES.create(&root, "vol", 32 * MIB).expect_err("not btrfs"),
+        ] {
+            assert!(matches!(error, SizeError::NotBtrfs { .. }), "{error:?}");
+            assert!(error.to_string().contains("not on btrfs"), "{error}");
+        }
+        assert!(!SIZES.is_volume(&root).unwrap());
+        assert!(!dir.path().join("vol").exists());
+        refused += 1;
+    }
+    assert!(refused > 0, "no directory off btrfs to test with: {dirs:?}");
+}
+
+#[test]
+fn a_limit_is_enforced_and_can_grow() {
+    let fs = Btrfs::new().with_quotas();
+    let volume = SIZES.create(fs.root(), "vol", 32 * MIB).expect("create");
+    assert!(SIZES.is_volume(&volume).unwrap());
+    assert_eq!(SIZES.usage(&volume).unwrap().max_referenced, Some(32 * MIB));
+
+    let file = fs.mnt.join("vol/data");
+    let (error, len) = write(&file, 64 * MIB);
+    let error = error.expect("writing 64 MiB into 32 MiB must fail");
+    assert!(is_edquot(&error), "expected EDQUOT, got {error}");
+    assert!(
+        (24 * MIB..=32 * MIB).contains(&len),
+        "stopped at {len} bytes, not at about 32 MiB"
+    );
+
+    SIZES.set_limit(&volume, 96 * MIB).expect("grow");
+    fs::remove_file(&file).unwrap();
+    fs.commit();
+    let (error, len) = write(&file, 64 * MIB);
+    assert!(error.is_none(), "64 MiB into 96 MiB failed: {error:?}");
+    assert_eq!(len, 64 * MIB);
+    fs.commit();
+    let usage = SIZES.usage(&volume).unwrap();
+    assert_eq!(usage.max_referenced, Some(96 * MIB));
+    assert!(
+        (64 * MIB..80 * MIB).contains(&usage.referenced),
+        "{usage:?}"
+    );
+}
+
+#[test]
+fn a_snapshot_carries_the_data_and_a_limit_of_its_own() {
+    let fs = Btrfs::new().with_quotas();
+    let source = SIZES.create(fs.root(), "source", 96 * MIB).expect("create");
+    let (error, _) = write(&fs.mnt.join("source/data"), 64 * MIB);
+    assert!(error.is_none(), "{error:?}");
+    fs.commit();
+
+    let copy = SIZES
+        .snapshot(&source, fs.root(), "copy", 128 * MIB)
+        .expect("snapshot");
+    assert!(SIZES.is_volume(&copy).unwrap());
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    File::open(fs.mnt.join("source/data"))
+        .and_then(|mut f| f.read_to_end(&mut a))
+        .unwrap();
+    File::open(fs.mnt.join("copy/data"))
+        .and_then(|mut f| f.read_to_end(&mut b))
+        .unwrap();
+    assert_eq!(a.len() as u64, 64 * MIB);
+    assert!(a == b, "the snapshot's data differs from its source's");
+
+    let (source_usage, copy_usage) = (SIZES.usage(&source).unwrap(), SIZES.usage(&copy).unwrap());
+    assert_ne!(source_usage.id, copy_usage.id);
+    assert_eq!(source_usage.max_referenced, Some(96 * MIB));
+    assert_eq!(copy_usage.max_referenced, Some(128 * MIB));
+    assert!(copy_usage.referenced >= 64 * MIB, "{copy_usage:?}");
+
+    // 64 + 40 MiB: over the source's 96 MiB, within the copy's 128 MiB.
+    let (error, _) = write(&fs.mnt.join("copy/more"), 40 * MIB);
+    assert!(error.is_none(), "40 MiB more in the copy failed: {error:?}");
+    let (error, _) = write(&fs.mnt.join("source/more"), 40 * MIB);
+    let error = error.expect("the source keeps its own 96 MiB limit");
+    assert!(is_edquot(&error), "expected EDQUOT, got {error}");
+}
+
+#[test]
+fn destroy_removes_the_subvolume_and_its_qgroup() {
+    let fs = Btrfs::new().with_quotas();
+    let volume = SIZES.create(fs.root(), "gone", 32 * MIB).expect("create");
+    let (error, _) = write(&fs.mnt.join("gone/data"), 8 * MIB);
+    assert!(error.is_none(), "{error:?}");
+    fs::create_dir_all(fs.mnt.join("gone/a/b")).unwrap();
+    let id = SIZES.usage(&volume).unwrap().id;
+    drop(volume);
+    assert!(btrfs::qgroup_ids(fs.root()).unwrap().contains(&id));
+
+    SIZES.destroy(fs.root(), "gone").expect("destroy");
+    assert!(
+        !fs.mnt.join("gone").exists(),
+        "the subvolume is still there"
+    );
+    let ids = btrfs::qgroup_ids(fs.root()).unwrap();
+    assert!(!ids.contains(&id), "qgroup 0/{id} left behind: {ids:?}");
+    // And as btrfs-progs sees it.
+    let shown = run("btrfs", &["qgroup", "show", "--raw", path(&fs.mnt)]);
+    assert!(
+        !shown.lines().any(|l| l.starts_with(&format!("0/{id} "))),
+        "btrfs qgroup show still lists 0/{id}:\n{shown}"
+    );
+    assert_eq!(
+        btrfs::quotas(fs.root()).unwrap(),
+        Quotas::On,
+        "quotas left inconsistent"
+    );
+
+    // Destroying it again is an error, not a silent success.
+    assert!(SIZES.destroy(fs.root(), "gone").is_err());
+}
+
+#[test]
+fn a_failed_limit_leaves_no_subvolume() {
+    let fs = Btrfs::new(); // quotas off: the subvolume is made, its limit is refused
+    let error = SIZES
+        .create(fs.root(), "orphan", 32 * MIB)
+        .expect_err("quotas off");
+    match &error {
+        SizeError::LimitFailed {
+            name,
+            source,
+            cleanup: None,
+        } => {
+            assert_eq!(name, "orphan");
+            assert!(matches!(**source, SizeError::QuotasOff), "{source:?}");
+        }
+        other => panic!("expected LimitFailed with cleanup done, got {other:?}"),
+    }
+    assert!(
+        error.to_string().contains("the subvolume was removed"),
+        "{error}"
+    );
+    assert!(
+        !fs.mnt.join("orphan").exists(),
+        "the subvolume was left behind"
+    );
+    let listed = run("btrfs", &["subvolume", "list", path(&fs.mnt)]);
+    assert!(!listed.contains("orphan"), "{listed}");
+}
+
+#[test]
+fn a_plain_directory_is_not_a_volume() {
+    let fs = Btrfs::new().with_quotas();
+    fs::create_dir(fs.mnt.join("plain")).unwrap();
+    let plain = File::open(fs.mnt.join("plain")).unwrap();
+    assert!(!SIZES.is_volume(&plain).unwrap());
+    for error in [
+        SIZES
+            .set_limit(&plain, 32 * MIB)
+            .expect_err("plain directory"),
+        SIZES.usage(&plain).expect_err("plain directory"),
+        SIZES
+            .destroy(fs.root(), "plain")
+            .expect_err("plain directory"),
+        SIZES
+            .snapshot(&plain, fs.root(), "copy", 32 * MIB)
+            .expect_err("plain directory"),
+    ] {
+        assert!(matches!(error, SizeError::NotSubvolume), "{error:?}");
+    }
+    assert!(
+        fs.mnt.join("plain").is_dir(),
+        "destroy removed a plain directory"
+    );
+    assert!(!fs.mnt.join("copy").exists());
+
+    let volume = SIZES.create(fs.root(), "vol", 32 * MIB).expect("create");
+    assert!(SIZES.is_volume(&volume).unwrap());
+    // A directory inside a volume is not one.
+    fs::create_dir(fs.mnt.join("vol/inner")).unwrap();
+    assert!(
+        !SIZES
+            .is_volume(File::open(fs.mnt.join("vol/inner")).unwrap())
+            .unwrap()
+    );
+    // The top level is a subvolume, but the whole filesystem: never limited as a volume.
+    let error = SIZES.set_limit(fs.root(), 32 * MIB).expect_err("top level");
+    assert!(matches!(error, SizeError::TopLevel), "{error:?}");
+
+    for name in ["", ".", "..", "a/b", "../vol"] {
+        let error = SIZES.create(fs.root(), name, 32 * MIB).expect_err(name);
+        assert!(
+            matches!(error, SizeError::InvalidName { .. }),
+            "{name:?}: {error:?}"
+        );
+    }
+    let error = SIZES.create(fs.root(), "zero", 0).expect_err("zero bytes");
+    assert!(matches!(error, SizeError::InvalidLimit(0)), "{error:?}");
+}
