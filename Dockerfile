@@ -14,6 +14,9 @@ RUN bash .ci/build release
 # Sample guests and a shell to copy them into the plugins volume (deploy/deployment.yaml).
 FROM busybox:1.36-musl AS guests
 COPY --from=build /src/guests/target/wasm32-wasip2/release/hostpath.wasm /guests/
+# The other sample guests, not copied into the plugins volume by deploy/ (no grant file there):
+# deployments of local-path or nfs-subdir copy them from here with their own grant files.
+COPY --from=build /src/guests/target/wasm32-wasip2/release/local_path.wasm /src/guests/target/wasm32-wasip2/release/nfs_subdir.wasm /guests/samples/
 USER 65532:65532
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS runtime

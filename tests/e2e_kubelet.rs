@@ -3,8 +3,9 @@
 //! from the images `.ci/images` builds, and pods that mount and write what the guests provision.
 //!
 //! One node for every case, run in order (each needs the state the one before left):
-//! deploy/ as shipped, a hostile pod, leader failover with real pods, deploy/node/, and last the
-//! host check: the node stopped and a second one started and stopped leave the host as it was.
+//! deploy/ as shipped, a hostile pod, volumes owned by a non-root pod's user (hostpath and
+//! local-path), a clone, leader failover with real pods, deploy/node/, and last the host check:
+//! the node stopped and a second one started and stopped leave the host as it was.
 //! Needs root (the node changes host state, and puts it back); `bash .ci/test` runs it.
 
 mod common;
@@ -30,6 +31,7 @@ const CASES: &[&str] = &[
     "a_hostile_pod_exposes_nothing_and_its_volume_is_deleted_cleanly",
     "a_non_root_pod_writes_into_the_volume_its_class_gives_it",
     "a_pod_reads_in_a_clone_what_another_pod_wrote_into_its_source",
+    "a_non_root_pod_writes_into_a_local_path_volume_its_class_gives_it",
     "leader_failover_with_real_pods",
     "node_daemonset_provisions_for_the_pod_the_scheduler_placed",
     "two_node_runs_one_after_the_other_leave_nothing_behind",
@@ -124,6 +126,9 @@ fn run_cases(selected: &[&str]) -> Vec<(&'static str, Result<(), String>)> {
                     }
                     "a_pod_reads_in_a_clone_what_another_pod_wrote_into_its_source" => {
                         cloned_volume(&mut world).await
+                    }
+                    "a_non_root_pod_writes_into_a_local_path_volume_its_class_gives_it" => {
+                        owned_local_path(&mut world).await
                     }
                     "leader_failover_with_real_pods" => leader_failover(&mut world).await,
                     "node_daemonset_provisions_for_the_pod_the_scheduler_placed" => {
@@ -394,6 +399,142 @@ async fn cloned_volume(world: &mut NodeCluster) -> anyhow::Result<()> {
     world
         .delete_claim_and_wait_storage("default", "original", &original)
         .await?;
+    world.assert_no_forbidden()
+}
+
+/// (c4) local-path, run as one instance with the node's directory mounted at its own path (so
+/// the host walks and owns it on disk): a class with `userPattern`/`groupPattern` 1000 and
+/// `permPattern` 0700 gives a WaitForFirstConsumer volume to a pod running as 1000, which writes.
+async fn owned_local_path(world: &mut NodeCluster) -> anyhow::Result<()> {
+    let node = world.node_name().to_owned();
+    let dir = world.storage_dir().with_file_name("local-path");
+    std::fs::create_dir_all(&dir)?;
+    let dir = dir.display().to_string();
+    let grant = format!(
+        r#"provisioner = "wasm-provisioner.dev/local-path"
+[[dirs]]
+host = "{dir}"
+guest = "/nodes/{node}{dir}"
+access = "read-write"
+[volumes]
+kinds = ["host-path"]
+path-prefixes = ["{dir}"]
+uids = ["1000-59999"]
+gids = ["1000-59999"]
+[config]
+nodes-dir = "/nodes"
+node-path-map = [{{ node = "{node}", paths = ["{dir}"] }}]
+"#
+    );
+    let grant = grant.replace('\n', "\n    ");
+    world
+        .apply_yaml(&format!(
+            r#"apiVersion: v1
+kind: ConfigMap
+metadata: {{ name: local-path-grants, namespace: wasm-provisioner }}
+data:
+  local-path.toml: |
+    {grant}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{ name: local-path, namespace: wasm-provisioner }}
+spec:
+  replicas: 1
+  selector: {{ matchLabels: {{ app.kubernetes.io/name: local-path }} }}
+  template:
+    metadata: {{ labels: {{ app.kubernetes.io/name: local-path }} }}
+    spec:
+      serviceAccountName: wasm-provisioner
+      securityContext: {{ runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532, fsGroup: 65532 }}
+      initContainers:
+        - name: plugins
+          image: wasm-provisioner-guests:0.1.0
+          command: ["sh", "-c", "cp /guests/samples/local_path.wasm /plugins/local-path.wasm && cp /grants/*.toml /plugins/"]
+          volumeMounts:
+            - {{ name: plugins, mountPath: /plugins }}
+            - {{ name: grants, mountPath: /grants, readOnly: true }}
+      containers:
+        - name: provisioner
+          image: wasm-provisioner:0.1.0
+          args: ["run", "--plugins=/plugins", "--leader-election=false", "--log-format=json"]
+          env:
+            - {{ name: POD_NAME, valueFrom: {{ fieldRef: {{ fieldPath: metadata.name }} }} }}
+            - {{ name: POD_NAMESPACE, valueFrom: {{ fieldRef: {{ fieldPath: metadata.namespace }} }} }}
+          securityContext:
+            runAsUser: 0
+            runAsNonRoot: false
+            allowPrivilegeEscalation: false
+            readOnlyRootFilesystem: true
+            capabilities: {{ drop: ["ALL"], add: ["CHOWN", "FOWNER", "DAC_OVERRIDE"] }}
+          volumeMounts:
+            - {{ name: plugins, mountPath: /plugins, readOnly: true }}
+            - {{ name: node-dir, mountPath: "{dir}" }}
+      volumes:
+        - {{ name: plugins, emptyDir: {{}} }}
+        - {{ name: grants, configMap: {{ name: local-path-grants }} }}
+        - {{ name: node-dir, hostPath: {{ path: "{dir}", type: Directory }} }}
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {{ name: local-path-owned }}
+provisioner: wasm-provisioner.dev/local-path
+reclaimPolicy: Delete
+volumeBindingMode: WaitForFirstConsumer
+parameters: {{ userPattern: "1000", groupPattern: "1000", permPattern: "0700" }}
+"#
+        ))
+        .await?;
+    world.wait_deployment_ready("local-path", 1).await?;
+    world
+        .create_claim("default", "local-owned", "local-path-owned")
+        .await?;
+    // WaitForFirstConsumer: the pod's scheduling picks the node, then the volume is made.
+    let written = world.run_pod_as(
+        "local-tenant",
+        "local-owned",
+        "echo mine > /data/f && cat /data/f",
+        TENANT_UID,
+    );
+    written.await?;
+    ensure!(world.pod_output("default", "local-tenant")? == "mine");
+    let pv = world.wait_bound("default", "local-owned").await?;
+    let path = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_path.as_ref())
+        .map(|h| std::path::PathBuf::from(&h.path))
+        .context("a hostPath local-path volume")?;
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let meta = std::fs::metadata(&path)?;
+        ensure!(
+            (meta.uid(), meta.gid(), meta.permissions().mode() & 0o7777) == (1000, 1000, 0o700),
+            "{} is {}:{} {:o}",
+            path.display(),
+            meta.uid(),
+            meta.gid(),
+            meta.permissions().mode() & 0o7777
+        );
+    }
+    println!(
+        "local-path volume {} owned by 1000, written by a pod running as 1000",
+        path.display()
+    );
+    world.delete_pod("default", "local-tenant").await?;
+    world.delete_claim("default", "local-owned").await?;
+    let pvs = pv.metadata.name.clone().unwrap_or_default();
+    let gone = path.clone();
+    wp_harness::wait_for(
+        &format!("PV {pvs} and {} gone", gone.display()),
+        Duration::from_secs(120),
+        || {
+            let gone = !gone.exists();
+            async move { Ok(gone.then_some(())) }
+        },
+    )
+    .await?;
+    world.remove_deployment("local-path").await?;
     world.assert_no_forbidden()
 }
 
