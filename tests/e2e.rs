@@ -798,6 +798,54 @@ async fn a_populators_claim_is_left_to_it(cp: Arc<ControlPlane>) -> anyhow::Resu
     Ok(())
 }
 
+/// A source left held by a provisioner that died during the copy is released by
+/// `release-finalizers` (the uninstall path), so deleting it no longer waits.
+async fn release_finalizers_lets_a_held_clone_source_go(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let mut w = World::new(cp.clone(), SUITE, "release-source", "scripted").await?;
+    w.start(&[])?;
+    let class = w.class("plain").create().await?;
+    w.claim("db").class(&class).create().await?;
+    w.wait_bound("db").await?;
+    let hold = w.storage.path().join("clones.hold");
+    std::fs::write(&hold, "")?;
+    let copy = w
+        .claim("copy")
+        .class(&class)
+        .data_source("", "PersistentVolumeClaim", "db")
+        .create()
+        .await?;
+    let source_file = w.storage.path().join(format!("{}.source", pv_name(&copy)));
+    w.wait_file("the clone's copy under way", &source_file)
+        .await?;
+    w.process.take().expect("running").kill();
+    std::fs::remove_file(&hold)?;
+    w.claims().delete("db", &DeleteParams::default()).await?;
+    ensure!(
+        w.claims().get_opt("db").await?.is_some(),
+        "the clone-source finalizer holds the source"
+    );
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"))
+        .args([
+            "release-finalizers",
+            "--all",
+            "--provisioner",
+            &w.provisioner,
+        ])
+        .arg("--kubeconfig")
+        .arg(cp.provisioner_kubeconfig())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    ensure!(
+        output.status.success() && stdout.contains(&format!("released clone source {}/db", w.ns)),
+        "release-finalizers: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    w.wait_claim_gone("db").await?;
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     common::suite::run(
         "end-to-end",
@@ -830,6 +878,7 @@ fn main() -> std::process::ExitCode {
             a_clone_holds_a_copy_of_its_source,
             a_source_deleted_during_its_copy_waits_for_it,
             a_populators_claim_is_left_to_it,
+            release_finalizers_lets_a_held_clone_source_go,
         ],
     )
 }
