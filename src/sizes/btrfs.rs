@@ -16,8 +16,7 @@ use super::{Probe, Quotas, SizeError, Usage};
 
 /// `BTRFS_SUPER_MAGIC`, the `f_type` of `fstatfs` on btrfs.
 pub const SUPER_MAGIC: u64 = 0x9123_683e;
-/// `BTRFS_FIRST_FREE_OBJECTID`: the inode number of every subvolume's root directory.
-pub const FIRST_FREE_OBJECTID: u64 = 256;
+pub use super::ioctl::FIRST_FREE_OBJECTID;
 /// `BTRFS_FS_TREE_OBJECTID`: the top-level subvolume, never a volume.
 const FS_TREE_OBJECTID: u64 = 5;
 /// `BTRFS_QUOTA_TREE_OBJECTID`.

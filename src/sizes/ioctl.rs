@@ -11,6 +11,8 @@ use std::os::fd::BorrowedFd;
 use rustix::io::Errno;
 use rustix::ioctl::{NoArg, Opcode, Updater, opcode};
 
+/// `BTRFS_FIRST_FREE_OBJECTID`: the inode number of every subvolume's root directory.
+pub const FIRST_FREE_OBJECTID: u64 = 256;
 /// `BTRFS_IOCTL_MAGIC`.
 const MAGIC: u8 = 0x94;
 /// `BTRFS_PATH_NAME_MAX`: a `btrfs_ioctl_vol_args` name holds this many bytes and a NUL.
@@ -249,7 +251,7 @@ pub(super) fn snap_create(
 pub(super) fn subvolume_id_of(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
     let mut args = InoLookupArgs {
         treeid: 0,
-        objectid: super::btrfs::FIRST_FREE_OBJECTID,
+        objectid: FIRST_FREE_OBJECTID,
         name: [0; INO_LOOKUP_PATH_MAX],
     };
     call::<INO_LOOKUP, _>(fd, &mut args)?;

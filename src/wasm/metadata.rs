@@ -4,7 +4,14 @@
 use std::collections::BTreeMap;
 
 use super::bindings::types::SpecError;
-use super::spec::{invalid, not_granted};
+
+fn invalid(msg: impl Into<String>) -> SpecError {
+    SpecError::Invalid(msg.into())
+}
+
+fn not_granted(msg: impl Into<String>) -> SpecError {
+    SpecError::NotGranted(msg.into())
+}
 
 /// Kubernetes' limit on the total size of an object's annotations.
 pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;

@@ -58,11 +58,11 @@ pub fn describe_spec_error(error: &SpecError) -> String {
     }
 }
 
-pub(super) fn not_granted(msg: impl Into<String>) -> SpecError {
+fn not_granted(msg: impl Into<String>) -> SpecError {
     SpecError::NotGranted(msg.into())
 }
 
-pub(super) fn invalid(msg: impl Into<String>) -> SpecError {
+fn invalid(msg: impl Into<String>) -> SpecError {
     SpecError::Invalid(msg.into())
 }
 

@@ -15,6 +15,8 @@ mod copy;
 #[cfg(not(target_os = "wasi"))]
 mod native;
 mod walk;
+#[cfg(all(test, unix))]
+mod walk_tests;
 #[cfg(target_os = "wasi")]
 mod wasi;
 
