@@ -10,7 +10,7 @@
 //!   PVs of a static pool (part `foreign`: run it alone, so that the cluster holds only those);
 //! * start-up: process start to "controller started".
 //!
-//! `WP_BENCH_BINARY` runs another build of the provisioner. `WP_BENCH_GO_BINARY` names a build of
+//! `WP_BENCH_BINARY` runs another build of the provisioner. `WP_BENCH_DELAY_MS` (default 0) puts the provisioners that many milliseconds (one way) from the API server, through `wp_harness::LatencyProxy`. `WP_BENCH_GO_BINARY` names a build of
 //! `sig-storage-lib-external-provisioner`'s hostpath example taking `-kubeconfig`,
 //! `-kube-api-qps`, `-kube-api-burst`, `-worker-threads`, `-leader-elect` and `-pv-dir` (see
 //! docs/benchmarks.md): when set, throughput runs it on the same control plane, its runs
@@ -472,9 +472,60 @@ fn plugins_with(dir: &Path, storage: &Path, names: &[&str]) {
 
 /// One run of `side` in profile `p`: N claims of a fresh class created, waited for, deleted and
 /// waited for, with the same readiness rules for either provisioner.
+/// Where the provisioners reach the API server: directly, or (`WP_BENCH_DELAY_MS`, a one-way
+/// delay) through a loopback proxy that holds every byte back that long each way and does not
+/// throttle. The bench's own client and kube-controller-manager stay direct: the delay is the
+/// provisioner's distance from its control plane.
+struct Reach {
+    ours: std::path::PathBuf,
+    go: std::path::PathBuf,
+    delay_ms: u64,
+    _proxy: Option<wp_harness::LatencyProxy>,
+    _kubeconfigs: Option<tempfile::TempDir>,
+}
+
+impl Reach {
+    async fn new(cp: &ControlPlane) -> anyhow::Result<Reach> {
+        let delay_ms = env_usize("WP_BENCH_DELAY_MS", 0) as u64;
+        let (ours, go) = (cp.provisioner_kubeconfig(), cp.restricted_kubeconfig(1));
+        if delay_ms == 0 {
+            return Ok(Reach {
+                ours: ours.to_owned(),
+                go: go.to_owned(),
+                delay_ms,
+                _proxy: None,
+                _kubeconfigs: None,
+            });
+        }
+        let url = cp.apiserver_url()?;
+        let upstream: std::net::SocketAddr = url
+            .trim_start_matches("https://")
+            .parse()
+            .with_context(|| format!("the API server's address in {url}"))?;
+        let proxy =
+            wp_harness::LatencyProxy::start(upstream, Duration::from_millis(delay_ms)).await?;
+        let dir = tempfile::tempdir()?;
+        let via = |from: &Path, name: &str| -> anyhow::Result<std::path::PathBuf> {
+            let text = std::fs::read_to_string(from)?
+                .replace(&url, &format!("https://{}", proxy.address()));
+            let to = dir.path().join(name);
+            std::fs::write(&to, text)?;
+            Ok(to)
+        };
+        Ok(Reach {
+            ours: via(ours, "provisioner.kubeconfig")?,
+            go: via(go, "restricted-1.kubeconfig")?,
+            delay_ms,
+            _proxy: Some(proxy),
+            _kubeconfigs: Some(dir),
+        })
+    }
+}
+
 async fn provision_run(
     cp: &ControlPlane,
     admin: &Client,
+    reach: &Reach,
     n: usize,
     p: &Profile,
     tag: &str,
@@ -506,7 +557,7 @@ async fn provision_run(
             cmd.args(["run", "--plugins"])
                 .arg(plugins.path())
                 .arg("--kubeconfig")
-                .arg(cp.provisioner_kubeconfig())
+                .arg(&reach.ours)
                 .args([
                     "--kube-api-qps",
                     &qps.to_string(),
@@ -521,13 +572,7 @@ async fn provision_run(
                 .env("RUST_LOG", "warn,wasm_provisioner::controller::start=info");
             cmd
         }
-        Side::Go => go_command(
-            cp.restricted_kubeconfig(1),
-            storage.path(),
-            qps,
-            burst,
-            p.workers,
-        ),
+        Side::Go => go_command(&reach.go, storage.path(), qps, burst, p.workers),
     };
     let mut process = Process::spawn(cmd, cp.run_dir().join(format!("bench-{tag}.log")))?;
     wait_for("provisioner ready", Duration::from_secs(120), || async {
@@ -933,9 +978,18 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
     if go {
         apply_yaml(admin, &go_rbac(cp)).await?;
     }
+    let reach = Reach::new(cp).await?;
     println!(
-        "\nthroughput: {n} claims POSTed on 8 connections, hostpath guest, kube-apiserver/kube-controller-manager v1.20.2 on loopback; \
+        "\nthroughput: {n} claims POSTed on 8 connections, hostpath guest, kube-apiserver/kube-controller-manager v1.20.2 on loopback{}; \
          timed from the provisioner's readiness; {runs} runs per profile (min / median / max){}\n",
+        if reach.delay_ms > 0 {
+            format!(
+                ", the provisioners {} ms away (one way, a delaying proxy; no throttling)",
+                reach.delay_ms
+            )
+        } else {
+            String::new()
+        },
         if go {
             "; the Go library's hostpath example on the same control plane, its runs alternating with ours (ours, Go, ours, Go ...)"
         } else {
@@ -958,7 +1012,8 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
         for run in 0..runs {
             for (side, results) in sides.iter().zip(results.iter_mut()) {
                 results.push(
-                    provision_run(cp, admin, n, profile, &format!("{i}-{run}"), *side).await?,
+                    provision_run(cp, admin, &reach, n, profile, &format!("{i}-{run}"), *side)
+                        .await?,
                 );
             }
         }

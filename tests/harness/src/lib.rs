@@ -23,6 +23,7 @@ mod control_plane;
 mod demo_support;
 mod identity;
 mod kustomize;
+mod latency;
 mod node;
 mod ports;
 mod process;
@@ -37,6 +38,7 @@ pub use control_plane::{
 };
 pub use demo_support::{demo_inputs, repo_root, step};
 pub use kustomize::render_kustomization;
+pub use latency::LatencyProxy;
 pub use node::{BUSYBOX_IMAGE, HostSnapshot, IMAGE_TARBALLS, Node, NodeTimings, processes_of_pod};
 pub use process::Process;
 pub use wait::wait_for;
