@@ -50,16 +50,6 @@ pub fn archive_base(dir: &str) -> String {
     format!("archived-{}", dir.rsplit('/').next().unwrap_or(dir))
 }
 
-/// Where a clone, the volume `pv` at `guest_path`, is copied before it is renamed into place:
-/// a hidden sibling named after the PV, `.<pv>.cloning`. Hidden and named after the PV, not the
-/// directory, so that no claim's directory can be it (claim, namespace and PV names cannot start
-/// with a dot) and removing a cut-short copy never touches another volume.
-pub fn staging(guest_path: &str, pv: &str) -> String {
-    let path = guest_path.trim_end_matches('/');
-    let parent = path.rsplit_once('/').map_or("", |(parent, _)| parent);
-    format!("{parent}/.{pv}.cloning")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -107,18 +107,8 @@ impl Provisioner for Hostpath {
         if dirs::present(&config.guest_dir, &target)? {
             return Ok(spec);
         }
-        let staging = deletion::staging(&target, &request.pv_name);
-        dirs::remove(&staging)?;
         let deadline = Instant::now() + Duration::from_millis(config.clone_timeout_ms);
-        let copied = match dirs::copy_tree(&from, &staging, deadline) {
-            Ok(copied) => copied,
-            Err(error) => {
-                dirs::remove(&staging)?;
-                return Err(error);
-            }
-        };
-        std::fs::rename(&staging, &target)
-            .map_err(|error| final_error(format!("renaming {staging} to {target}: {error}")))?;
+        let copied = dirs::clone_into(&from, &target, &request.pv_name, deadline)?;
         host.info(
             "cloned hostPath directory",
             &[
@@ -140,7 +130,7 @@ impl Provisioner for Hostpath {
         let guest_path = config.guest_path(&dir);
         let fields = [("pv", volume.name.as_str()), ("dir", dir.as_str())];
         // A clone's copy cut short (its call ended before the rename) goes with the volume.
-        let staging = deletion::staging(&guest_path, &volume.name);
+        let staging = dirs::clone_staging(&guest_path, &volume.name);
         if dirs::present(&config.guest_dir, &staging)? {
             dirs::remove(&staging)?;
         }

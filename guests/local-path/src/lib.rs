@@ -106,21 +106,8 @@ impl Provisioner for LocalPath {
                 source.volume.name, from.path
             )));
         }
-        let staging = plan::staging(&target, &request.pv_name);
-        if let Some((parent, _)) = staging.rsplit_once('/') {
-            dirs::create(parent)?;
-        }
-        dirs::remove(&staging)?;
         let deadline = Instant::now() + Duration::from_millis(config.clone_timeout_ms);
-        let copied = match dirs::copy_tree(&from_path, &staging, deadline) {
-            Ok(copied) => copied,
-            Err(error) => {
-                dirs::remove(&staging)?;
-                return Err(error);
-            }
-        };
-        fs::rename(&staging, &target)
-            .map_err(|error| final_error(format!("renaming {staging} to {target}: {error}")))?;
+        let copied = dirs::clone_into(&from_path, &target, &request.pv_name, deadline)?;
         host.info(
             "cloned local path",
             &[
@@ -153,7 +140,7 @@ impl Provisioner for LocalPath {
         // deletes its PVs without cleanup after `--node-gone-grace`), not a guess of ours.
         let guest_path = config.guest_path(target.node.as_deref(), &target.path);
         // A clone's copy cut short (its call ended before the rename) goes with the volume.
-        if dirs::remove(&plan::staging(&guest_path, &volume.name))? {
+        if dirs::remove(&dirs::clone_staging(&guest_path, &volume.name))? {
             host.info("deleted a cut-short clone copy", &fields);
         }
         if dirs::remove(&guest_path)? {

@@ -376,17 +376,6 @@ pub fn locate(volume: &Volume) -> Result<Location, String> {
     })
 }
 
-/// Where a clone of volume `pv_name` whose directory is at `guest_path` is copied before it is
-/// renamed into place: a hidden name next to it, `.<pv>.cloning`. No claim's directory is
-/// called that unless a `pathPattern` takes an annotation value starting with `.` (claim,
-/// namespace and PV names and label values never do), so clearing a leftover never takes
-/// another claim's volume.
-pub fn staging(guest_path: &str, pv_name: &str) -> String {
-    let path = guest_path.trim_end_matches('/');
-    let parent = path.rsplit_once('/').map_or("", |(parent, _)| parent);
-    format!("{parent}/.{pv_name}.cloning")
-}
-
 /// Per-node deployment: whether this instance provisions the claim (selected for its node).
 pub fn serves_claim(claim: &Claim, config: &str) -> bool {
     match LocalPathConfig::parse(config)
@@ -693,15 +682,6 @@ mod tests {
         })
         .unwrap();
         assert_eq!(found.plan.path, "/d2/pvc-uid-ns-data_ns_data");
-    }
-
-    #[test]
-    fn staging_is_a_hidden_sibling_named_after_the_pv() {
-        assert_eq!(
-            staging("/nodes/n1/opt/lp/ns/data", "pvc-1"),
-            "/nodes/n1/opt/lp/ns/.pvc-1.cloning"
-        );
-        assert_eq!(staging("/nodes/n1/x/", "pvc-1"), "/nodes/n1/.pvc-1.cloning");
     }
 
     #[test]

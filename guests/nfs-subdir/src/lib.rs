@@ -87,22 +87,9 @@ impl Provisioner for NfsSubdir {
                 source.volume.name
             )));
         }
-        let staging = plan::staging(&target, &request.pv_name);
-        if let Some((parent, _)) = staging.rsplit_once('/') {
-            dirs::create(parent)?;
-        }
-        dirs::remove_in(&config.guest_dir, &staging)?;
         let deadline = Instant::now() + Duration::from_millis(config.clone_timeout_ms);
-        let copied = match dirs::copy_tree(&from, &staging, deadline) {
-            Ok(copied) => copied,
-            Err(error) => {
-                dirs::remove_in(&config.guest_dir, &staging)?;
-                prune_parents(&config, &dir);
-                return Err(error);
-            }
-        };
-        fs::rename(&staging, &target)
-            .map_err(|error| final_error(format!("renaming {staging} to {target}: {error}")))?;
+        let copied = dirs::clone_into(&from, &target, &request.pv_name, deadline)
+            .inspect_err(|_| prune_parents(&config, &dir))?;
         host.info(
             "cloned NFS directory",
             &[
@@ -127,7 +114,7 @@ impl Provisioner for NfsSubdir {
         let fields = [("pv", volume.name.as_str()), ("dir", dir.as_str())];
         // A clone's copy cut short (its call ended before the rename) goes with the volume,
         // whatever happens to the volume's directory.
-        let staging = plan::staging(&guest_path, &volume.name);
+        let staging = dirs::clone_staging(&guest_path, &volume.name);
         let cut_short = dirs::present(&config.guest_dir, &staging)?;
         if cut_short {
             dirs::remove_in(&config.guest_dir, &staging)?;

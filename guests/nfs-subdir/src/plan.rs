@@ -211,17 +211,6 @@ fn volume_directory(volume: &Volume, config: &NfsConfig) -> Result<String, Strin
     Ok(dir)
 }
 
-/// Where a clone of volume `pv_name` whose directory is at `guest_path` is copied before it is
-/// renamed into place: a hidden name next to it, `.<pv>.cloning`. No claim's directory is
-/// called that unless a `pathPattern` takes an annotation value starting with `.` (claim,
-/// namespace and PV names and label values never do), so clearing a leftover never takes
-/// another claim's volume.
-pub fn staging(guest_path: &str, pv_name: &str) -> String {
-    let path = guest_path.trim_end_matches('/');
-    let parent = path.rsplit_once('/').map_or("", |(parent, _)| parent);
-    format!("{parent}/.{pv_name}.cloning")
-}
-
 /// The archive name at the export root for `dir`: `archived-` and the whole relative path with
 /// `/` as `-` (so `ns/a/data` and `ns/b/data` do not collide); numbered by the SDK if taken.
 pub fn archive_base(dir: &str) -> String {
@@ -402,10 +391,6 @@ mod tests {
             nfs.server = "other.example.com".into();
         }
         assert!(clone_source(&elsewhere, &config).is_err());
-        assert_eq!(
-            staging("/export/team-a/db", "pvc-2"),
-            "/export/team-a/.pvc-2.cloning"
-        );
     }
 
     #[test]

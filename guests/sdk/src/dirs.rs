@@ -154,6 +154,45 @@ pub fn copy_tree(
     })
 }
 
+/// Where a clone, volume `pv` whose directory is `target`, is copied before it is renamed into
+/// place: a hidden sibling named after the PV, `.<pv>.cloning`. No claim's directory is called
+/// that (claim, namespace and PV names cannot start with a dot, nor can a pattern's values but
+/// an annotation's), so clearing a leftover never takes another claim's volume.
+pub fn clone_staging(target: &str, pv: &str) -> String {
+    let path = target.trim_end_matches('/');
+    let parent = path.rsplit_once('/').map_or("", |(parent, _)| parent);
+    format!("{parent}/.{pv}.cloning")
+}
+
+/// Copies the directory `from` into the new volume directory `target` of volume `pv` through
+/// its staging directory ([`clone_staging`]): a leftover of an attempt cut short is cleared,
+/// the copy is made there with [`copy_tree`] until `deadline`, removed again if it fails, and
+/// renamed into place when complete. So `target` exists only as a finished copy, and a copy cut
+/// short (the call ended) leaves only the staging directory, for the next attempt or the
+/// volume's delete to remove.
+pub fn clone_into(
+    from: &str,
+    target: &str,
+    pv: &str,
+    deadline: std::time::Instant,
+) -> Result<Copied, ProvisionError> {
+    let staging = clone_staging(target, pv);
+    if let Some((parent, _)) = staging.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
+        create(parent)?;
+    }
+    remove(&staging)?;
+    let copied = match copy_tree(from, &staging, deadline) {
+        Ok(copied) => copied,
+        Err(error) => {
+            remove(&staging)?;
+            return Err(error);
+        }
+    };
+    fs::rename(&staging, target)
+        .map_err(|error| final_error(format!("renaming {staging} to {target}: {error}")))?;
+    Ok(copied)
+}
+
 fn split_parent(path: &str) -> Result<(&str, &str), ProvisionError> {
     match path.trim_end_matches('/').rsplit_once('/') {
         Some(("", name)) if !name.is_empty() => Ok(("/", name)),
@@ -188,6 +227,22 @@ pub fn free_name(base: &str, taken: impl Fn(&str) -> bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn clone_staging_is_a_hidden_sibling_named_after_the_pv() {
+        assert_eq!(
+            clone_staging("/nodes/n1/opt/lp/ns/data", "pvc-1"),
+            "/nodes/n1/opt/lp/ns/.pvc-1.cloning"
+        );
+        assert_eq!(
+            clone_staging("/nodes/n1/x/", "pvc-1"),
+            "/nodes/n1/.pvc-1.cloning"
+        );
+        assert_eq!(
+            clone_staging("/export/team-a/db", "pvc-2"),
+            "/export/team-a/.pvc-2.cloning"
+        );
+    }
 
     /// A copy takes files, directories and links (as links, relative or absolute, never their
     /// targets), leaves FIFOs out, and stops at its deadline.
