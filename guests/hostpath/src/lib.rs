@@ -300,6 +300,32 @@ mod tests {
         );
     }
 
+    /// A clone into a pattern's sub-folder that does not exist yet: its parent is made first.
+    #[test]
+    fn a_clone_lands_in_a_pattern_sub_folder() {
+        let dir = Dir::new("clone-pattern");
+        let host = dir.host();
+        let source_request = request(&dir, &[]);
+        let source_spec = Hostpath::provision(&source_request, &host).unwrap();
+        fs::write(dir.0.join("pvc-uid-team-a-data/rows"), b"42").unwrap();
+        let source = wasm_provisioner_sdk::CloneSource {
+            namespace: "team-a".into(),
+            name: "data".into(),
+            uid: "uid-team-a-data".into(),
+            volume: testing::volume(&source_request, &source_spec),
+        };
+        let clone_request = testing::request(
+            testing::claim("team-b", "copy"),
+            testing::class(
+                "hostpath",
+                &[("pathPattern", "${pvc.namespace}/${pvc.name}")],
+            ),
+            &dir.config(),
+        );
+        Hostpath::provision_clone(&clone_request, &source, &host).unwrap();
+        assert_eq!(fs::read(dir.0.join("team-b/copy/rows")).unwrap(), b"42");
+    }
+
     #[test]
     fn archives_pattern_directories() {
         let dir = Dir::new("archive");
