@@ -707,17 +707,18 @@ async fn a_clone_holds_a_copy_of_its_source(cp: Arc<ControlPlane>) -> anyhow::Re
     Ok(())
 }
 
-/// A source deleted while a guest copies it stays (Terminating, held by our finalizer) until the
-/// copy returns, then goes; a snapshot restore is refused with no PV.
-async fn a_source_deleted_during_its_copy_waits_for_it(
+/// A scripted world whose claim `copy` (class returned) clones the Bound claim `db` and whose
+/// guest holds the copy under way while `clones.hold` (returned) exists; also the file the
+/// guest recorded the source in once it started.
+async fn clone_under_way(
     cp: Arc<ControlPlane>,
-) -> anyhow::Result<()> {
-    let mut w = World::new(cp, SUITE, "clone-held", "scripted").await?;
+    name: &str,
+) -> anyhow::Result<(World, String, std::path::PathBuf, std::path::PathBuf)> {
+    let mut w = World::new(cp, SUITE, name, "scripted").await?;
     w.start(&[])?;
     let class = w.class("plain").create().await?;
     w.claim("db").class(&class).create().await?;
     w.wait_bound("db").await?;
-    // The scripted guest's copy waits while this file exists: the source is deleted meanwhile.
     let hold = w.storage.path().join("clones.hold");
     std::fs::write(&hold, "")?;
     let copy = w
@@ -729,6 +730,15 @@ async fn a_source_deleted_during_its_copy_waits_for_it(
     let source_file = w.storage.path().join(format!("{}.source", pv_name(&copy)));
     w.wait_file("the clone's copy under way", &source_file)
         .await?;
+    Ok((w, class, hold, source_file))
+}
+
+/// A source deleted while a guest copies it stays (Terminating, held by our finalizer) until the
+/// copy returns, then goes; a snapshot restore is refused with no PV.
+async fn a_source_deleted_during_its_copy_waits_for_it(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    let (w, class, hold, source_file) = clone_under_way(cp, "clone-held").await?;
     w.claims().delete("db", &DeleteParams::default()).await?;
     let held = w.claims().get("db").await?;
     std::fs::remove_file(&hold)?;
@@ -803,22 +813,7 @@ async fn a_populators_claim_is_left_to_it(cp: Arc<ControlPlane>) -> anyhow::Resu
 async fn release_finalizers_lets_a_held_clone_source_go(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
-    let mut w = World::new(cp.clone(), SUITE, "release-source", "scripted").await?;
-    w.start(&[])?;
-    let class = w.class("plain").create().await?;
-    w.claim("db").class(&class).create().await?;
-    w.wait_bound("db").await?;
-    let hold = w.storage.path().join("clones.hold");
-    std::fs::write(&hold, "")?;
-    let copy = w
-        .claim("copy")
-        .class(&class)
-        .data_source("", "PersistentVolumeClaim", "db")
-        .create()
-        .await?;
-    let source_file = w.storage.path().join(format!("{}.source", pv_name(&copy)));
-    w.wait_file("the clone's copy under way", &source_file)
-        .await?;
+    let (mut w, _, hold, _) = clone_under_way(cp.clone(), "release-source").await?;
     w.process.take().expect("running").kill();
     std::fs::remove_file(&hold)?;
     w.claims().delete("db", &DeleteParams::default()).await?;
