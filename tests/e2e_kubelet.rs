@@ -309,18 +309,7 @@ parameters: { uid: "0" }
         .await?;
     let owned = world.wait_bound("default", "owned").await?;
     let path = world.host_path_of(&owned)?;
-    let meta = std::fs::metadata(&path)?;
-    {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        ensure!(
-            (meta.uid(), meta.gid(), meta.permissions().mode() & 0o7777) == (1000, 1000, 0o700),
-            "{} is {}:{} {:o}",
-            path.display(),
-            meta.uid(),
-            meta.gid(),
-            meta.permissions().mode() & 0o7777
-        );
-    }
+    owned_by_the_tenant(&path)?;
     world
         .run_pod_as(
             "tenant",
@@ -505,18 +494,7 @@ parameters: {{ userPattern: "1000", groupPattern: "1000", permPattern: "0700" }}
         .and_then(|s| s.host_path.as_ref())
         .map(|h| std::path::PathBuf::from(&h.path))
         .context("a hostPath local-path volume")?;
-    {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let meta = std::fs::metadata(&path)?;
-        ensure!(
-            (meta.uid(), meta.gid(), meta.permissions().mode() & 0o7777) == (1000, 1000, 0o700),
-            "{} is {}:{} {:o}",
-            path.display(),
-            meta.uid(),
-            meta.gid(),
-            meta.permissions().mode() & 0o7777
-        );
-    }
+    owned_by_the_tenant(&path)?;
     println!(
         "local-path volume {} owned by 1000, written by a pod running as 1000",
         path.display()
@@ -536,6 +514,21 @@ parameters: {{ userPattern: "1000", groupPattern: "1000", permPattern: "0700" }}
     .await?;
     world.remove_deployment("local-path").await?;
     world.assert_no_forbidden()
+}
+
+/// Fails unless the volume directory at `path` is the tenant's (uid and gid 1000) with mode 0700.
+fn owned_by_the_tenant(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = std::fs::metadata(path)?;
+    let mode = meta.permissions().mode() & 0o7777;
+    ensure!(
+        (meta.uid(), meta.gid(), mode) == (1000, 1000, 0o700),
+        "{} is {}:{} {mode:o}",
+        path.display(),
+        meta.uid(),
+        meta.gid(),
+    );
+    Ok(())
 }
 
 /// (d) The leader pod is deleted (grace 0, as a crashed node would lose it); a claim made right
