@@ -161,13 +161,15 @@ async fn an_owner_is_never_applied_through_a_planted_link() {
     );
 }
 
-/// A clone made in the sandbox: files and directories copied, a link to the node's /etc left
-/// out (never followed, never recreated), a FIFO left out; a source too large for
-/// `clone-timeout-ms` fails and leaves no staging directory behind.
+/// A clone made by the host for the guest (`host.copy-tree`): files, directories and modes
+/// copied, links recreated with their text (a link to the node's /etc stays a link, its target
+/// never read), a FIFO left out, granted owners kept; a source owned by an id outside the
+/// grant, or too large for `clone-timeout-ms`, fails and leaves no staging directory behind.
 #[tokio::test]
-async fn hostpath_clones_in_the_sandbox_and_stops_at_its_budget() {
+async fn hostpath_clones_through_the_host_and_stops_at_its_budget() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     use wasm_provisioner::wasm::bindings::cloning::CloneSource;
-    let f = Fixture::owned("");
+    let f = Fixture::owned("uids = [\"1000-1999\"]\ngids = [\"1000-1999\"]");
     let guest = f.guest(HOSTPATH);
     let config = f.config(HOSTPATH);
     assert!(config.contains("\"node-dir\""), "{config}");
@@ -176,6 +178,12 @@ async fn hostpath_clones_in_the_sandbox_and_stops_at_its_budget() {
     let source_dir = std::path::PathBuf::from(host_path_of(&source_built.source));
     std::fs::create_dir(source_dir.join("tables")).unwrap();
     std::fs::write(source_dir.join("tables/rows"), "42").unwrap();
+    let mode = |path: std::path::PathBuf, mode| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    mode(source_dir.join("tables"), 0o750);
+    mode(source_dir.join("tables/rows"), 0o640);
+    std::os::unix::fs::chown(source_dir.join("tables/rows"), Some(1000), Some(1001)).unwrap();
     std::os::unix::fs::symlink("/etc", source_dir.join("etc-link")).unwrap();
     std::os::unix::fs::symlink("tables/rows", source_dir.join("latest")).unwrap();
     let fifo = std::process::Command::new("mkfifo")
@@ -195,16 +203,53 @@ async fn hostpath_clones_in_the_sandbox_and_stops_at_its_budget() {
         .await
         .expect("clone");
     let copy_dir = std::path::PathBuf::from(host_path_of(&built.source));
+    let rows = copy_dir.join("tables/rows");
+    assert_eq!(std::fs::read_to_string(&rows).unwrap(), "42");
+    let meta = |path: std::path::PathBuf| std::fs::symlink_metadata(path).unwrap();
+    assert_eq!(meta(copy_dir.join("tables")).mode() & 0o7777, 0o750);
     assert_eq!(
-        std::fs::read_to_string(copy_dir.join("tables/rows")).unwrap(),
-        "42"
+        (
+            meta(rows.clone()).mode() & 0o7777,
+            meta(rows.clone()).uid(),
+            meta(rows).gid()
+        ),
+        (0o640, 1000, 1001)
     );
-    for left_out in ["etc-link", "latest", "fifo"] {
-        assert!(
-            std::fs::symlink_metadata(copy_dir.join(left_out)).is_err(),
-            "{left_out} was copied"
-        );
-    }
+    assert_eq!(
+        std::fs::read_link(copy_dir.join("etc-link")).unwrap(),
+        std::path::Path::new("/etc")
+    );
+    assert_eq!(
+        std::fs::read_link(copy_dir.join("latest")).unwrap(),
+        std::path::Path::new("tables/rows")
+    );
+    assert!(std::fs::symlink_metadata(copy_dir.join("fifo")).is_err());
+
+    let leftovers = |name: &str| -> Vec<String> {
+        std::fs::read_dir(f.storage.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|entry| entry.contains(name))
+            .collect()
+    };
+    // An owner the grant does not let this guest hand out fails the clone, naming it.
+    std::os::unix::fs::chown(source_dir.join("tables/rows"), Some(999), None).unwrap();
+    let foreign_req = request(claim("foreign"), class(HOSTPATH, &[]), &config);
+    let error = guest
+        .provision_clone(&foreign_req, &source)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("tables/rows is owned by uid 999") && error.contains("widen them"),
+        "{error}"
+    );
+    assert!(
+        leftovers("foreign").is_empty(),
+        "{:?}",
+        leftovers("foreign")
+    );
+    std::os::unix::fs::chown(source_dir.join("tables/rows"), Some(1000), None).unwrap();
 
     for i in 0..20_000 {
         std::fs::write(source_dir.join(format!("f{i}")), "x").unwrap();
@@ -212,20 +257,19 @@ async fn hostpath_clones_in_the_sandbox_and_stops_at_its_budget() {
     let slow_req = request(
         claim("slow"),
         class(HOSTPATH, &[]),
-        &config.replace("\"node-dir\"", "\"clone-timeout-ms\":200,\"node-dir\""),
+        &config.replace("\"node-dir\"", "\"clone-timeout-ms\":20,\"node-dir\""),
     );
     let error = guest
         .provision_clone(&slow_req, &source)
         .await
         .unwrap_err()
         .to_string();
-    assert!(error.contains("out of time"), "{error}");
-    let leftovers: Vec<_> = std::fs::read_dir(f.storage.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|name| name.contains("slow"))
-        .collect();
-    assert!(leftovers.is_empty(), "a cut-short copy left {leftovers:?}");
+    assert!(error.contains("out of time after"), "{error}");
+    assert!(
+        leftovers("slow").is_empty(),
+        "a cut-short copy left {:?}",
+        leftovers("slow")
+    );
 }
 
 /// What a hostile pod leaves in its volume (found on a real node by tests/e2e_kubelet.rs): a
@@ -596,7 +640,7 @@ async fn bad_files_are_reported_and_the_others_still_load() {
     assert!(problem("nogrant.wasm").contains("no grant file"));
     let old = problem("old.wasm");
     assert!(
-        old.contains("@0.2.0") && old.contains("@0.1.1") && old.contains("rebuild"),
+        old.contains("@0.2.0") && old.contains("@0.1.2") && old.contains("rebuild"),
         "{old}"
     );
     assert!(problem("badgrant.toml").contains("network"));

@@ -8,7 +8,11 @@ use self::types::{AccessMode, NodeSelectorTerm, ReclaimPolicy, VolumeMode, Volum
 wasmtime::component::bindgen!({
     path: "wit",
     world: "provisioner-full",
-    imports: { default: trappable },
+    imports: {
+        // Runs on the blocking pool, where the call's deadline can end the wait.
+        "wasm-provisioner:provisioner/host.copy-tree": async | trappable,
+        default: trappable,
+    },
     exports: { default: async },
     additional_derives: [PartialEq],
     with: {
@@ -24,7 +28,7 @@ pub use self::wasm_provisioner::provisioner::{host, types, volume_builder};
 /// The WIT package this host serves, as guests name it in their imports and exports.
 pub const PACKAGE: &str = "wasm-provisioner:provisioner";
 /// The package version this host serves; any `0.1.x` guest links (wasmtime matches `0.y` on the minor).
-pub const PACKAGE_VERSION: &str = "0.1.1";
+pub const PACKAGE_VERSION: &str = "0.1.2";
 
 /// A PV under construction, as a guest built it through the host API (the `volume-spec`
 /// resource). Defined beside the bindings because the generated code names it and it holds

@@ -203,6 +203,6 @@ mod tests {
         assert_eq!(info.check(), Err(ContractError::NotAProvisioner));
         info.version = Some("0.2.0".into());
         let msg = info.check().unwrap_err().to_string();
-        assert!(msg.contains("@0.2.0") && msg.contains("@0.1.1"), "{msg}");
+        assert!(msg.contains("@0.2.0") && msg.contains("@0.1.2"), "{msg}");
     }
 }

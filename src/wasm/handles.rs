@@ -18,6 +18,7 @@
 //! call ends at its deadline, the thread does not): those are charged to the guest until they
 //! end, so one guest can never take the pool's threads from the others.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::dirstream::DirStream;
@@ -44,6 +45,9 @@ pub(super) enum Held {
     Listing(Weak<Mutex<DirStream>>),
     /// A granted directory: one reference is the call's WASI context's own while the call runs.
     Preopen(Weak<std::fs::File>),
+    /// A host function's work on the blocking pool (`copy-tree`): the descriptors it holds
+    /// right now, which it counts itself, for as long as it runs.
+    Operation(Weak<AtomicUsize>),
 }
 
 impl Held {
@@ -57,6 +61,18 @@ impl Held {
             Held::Preopen(dir) => dir
                 .strong_count()
                 .saturating_sub(usize::from(context_alive)),
+            Held::Operation(held) => held
+                .upgrade()
+                .map_or(0, |count| count.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Whether nothing of it is left to count: an operation only once it has ended (it may
+    /// hold no descriptor for a moment between two).
+    fn finished(&self, context_alive: bool) -> bool {
+        match self {
+            Held::Operation(held) => held.strong_count() == 0,
+            _ => self.handles(context_alive) == 0,
         }
     }
 
@@ -88,7 +104,7 @@ impl Lingering {
     /// Operations still running; forgets (and closes) what nothing references any more.
     pub fn count(&self) -> usize {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        close_on_pool(held.extract_if(.., |h| h.handles(false) == 0).collect());
+        close_on_pool(held.extract_if(.., |h| h.finished(false)).collect());
         held.iter().map(|h| h.handles(false)).sum()
     }
 
@@ -157,7 +173,7 @@ impl FsGuard {
 
     /// Room for one more handle, or the trap that ends the call.
     pub(super) fn admit(&mut self) -> Result<(), HandleCapHit> {
-        close_on_pool(self.held.extract_if(.., |h| h.handles(true) == 0).collect());
+        close_on_pool(self.held.extract_if(.., |h| h.finished(true)).collect());
         let lingering = self.lingering.count();
         if self.open_descriptors() + lingering >= self.max_descriptors {
             self.descriptors_hit = true;
@@ -178,6 +194,18 @@ impl FsGuard {
             return Err(HandleCapHit::Streams(STREAMS_PER_CALL));
         }
         self.admit()
+    }
+
+    /// Room for a host function's work on the blocking pool that opens descriptors of its own:
+    /// the counter it keeps them in (charged to this call, and to the guest's next calls if it
+    /// outlives this one) and how many it may hold at once (what the cap leaves), or the trap
+    /// that ends the call when not even one is left.
+    pub(super) fn begin_operation(&mut self) -> Result<(Arc<AtomicUsize>, usize), HandleCapHit> {
+        self.admit()?;
+        let left = self.max_descriptors - self.open_descriptors() - self.lingering.count();
+        let count = Arc::new(AtomicUsize::new(0));
+        self.held.push(Held::Operation(Arc::downgrade(&count)));
+        Ok((count, left))
     }
 
     /// A stream was made.
@@ -210,7 +238,7 @@ impl Drop for FsGuard {
         // what is still referenced now is an operation running on the blocking pool.
         let (left, done) = std::mem::take(&mut self.held)
             .into_iter()
-            .partition(|h| h.handles(false) > 0);
+            .partition(|h| !h.finished(false));
         close_on_pool(done);
         self.lingering.keep(left);
     }
@@ -286,5 +314,34 @@ mod tests {
         guard.hold_preopen(&context);
         guard.hold_preopen(&handed_out);
         assert_eq!(guard.open_descriptors(), 1);
+    }
+
+    #[test]
+    fn an_operation_counts_what_it_holds_until_it_ends_even_past_its_call() {
+        let lingering = Arc::new(Lingering::default());
+        let mut guard = FsGuard::new(10, lingering.clone());
+        let descriptor = file();
+        guard.hold(Held::File(descriptor.clone()));
+        let (count, left) = guard.begin_operation().unwrap();
+        assert_eq!(left, 9, "what the cap leaves the operation");
+        count.store(4, Ordering::Relaxed);
+        assert_eq!(guard.open_descriptors(), 5);
+        // Between two descriptors it holds none, and is still tracked.
+        count.store(0, Ordering::Relaxed);
+        guard.admit().unwrap();
+        count.store(9, Ordering::Relaxed);
+        assert!(guard.admit().is_err());
+        drop(descriptor);
+        // The call ends while the operation runs: the next call of the guest is charged.
+        drop(guard);
+        count.store(0, Ordering::Relaxed);
+        assert_eq!(lingering.count(), 0);
+        count.store(3, Ordering::Relaxed);
+        assert_eq!(lingering.count(), 3);
+        let mut next = FsGuard::new(3, lingering.clone());
+        assert!(next.admit().is_err());
+        drop(count);
+        next.admit().unwrap();
+        assert_eq!(lingering.count(), 0);
     }
 }

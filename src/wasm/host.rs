@@ -13,6 +13,7 @@ use super::bindings::types::{
     SpecError, VolumeMode,
 };
 use super::bindings::{VolumeSpecBuilder, host, types, volume_builder};
+use super::copy;
 use super::fs_view::SandboxFsView;
 use super::grants::Grants;
 use super::handles::{FsGuard, Lingering, TABLE_ENTRIES_PER_CALL};
@@ -271,6 +272,44 @@ impl host::Host for GuestState {
 
     fn config(&mut self) -> WasmResult<String> {
         Ok(self.grants.config_json.clone())
+    }
+
+    async fn copy_tree(
+        &mut self,
+        source: String,
+        target: String,
+        within_ms: u64,
+    ) -> WasmResult<Result<host::Copied, String>> {
+        let resolved = match copy::resolve(&self.grants, &source, &target) {
+            Ok(resolved) => resolved,
+            Err(error) => return Ok(Err(error.to_string())),
+        };
+        // The copy's descriptors count against the call's cap, and against the guest's next
+        // calls if the deadline ends this one while the copy waits in the kernel.
+        let (held, max_held) = self.fs_guard.begin_operation()?;
+        let within = std::time::Duration::from_millis(within_ms).min(self.grants.call_timeout);
+        let deadline = std::time::Instant::now() + within;
+        let owners = copy::Owners::of(&self.grants);
+        let copied = tokio::task::spawn_blocking(move || {
+            copy::copy(resolved, owners, deadline, held, max_held)
+        })
+        .await
+        .map_err(|error| wasmtime::Error::msg(format!("copy-tree: {error}")))?;
+        Ok(copied
+            .map(Into::into)
+            .map_err(|error| format!("copying {source} to {target}: {error}")))
+    }
+}
+
+impl From<copy::Copied> for host::Copied {
+    fn from(done: copy::Copied) -> host::Copied {
+        host::Copied {
+            entries: done.entries,
+            bytes: done.bytes,
+            links: done.links,
+            skipped: done.skipped,
+            owners_not_kept: done.owners_not_kept,
+        }
     }
 }
 

@@ -7,6 +7,7 @@ pub mod capabilities;
 pub mod compile_queue;
 pub mod compiler;
 pub mod contract;
+pub mod copy;
 pub mod dirstream;
 pub mod engine;
 pub mod errors;

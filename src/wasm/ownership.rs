@@ -87,7 +87,8 @@ impl TryFrom<String> for IdRange {
 }
 
 impl IdRange {
-    fn contains(&self, id: u32) -> bool {
+    /// Whether `id` lies in the range.
+    pub fn contains(&self, id: u32) -> bool {
         (self.first..=self.last).contains(&id)
     }
 }

@@ -109,16 +109,9 @@ impl Provisioner for Hostpath {
         }
         let deadline = Instant::now() + Duration::from_millis(config.clone_timeout_ms);
         let copied = dirs::clone_into(&from, &target, &request.pv_name, deadline)?;
-        host.info(
-            "cloned hostPath directory",
-            &[
-                ("pv", &request.pv_name),
-                ("source", &source.volume.name),
-                ("entries", &copied.entries.to_string()),
-                ("bytes", &copied.bytes.to_string()),
-                ("links-skipped", &copied.links_skipped.to_string()),
-                ("others-skipped", &copied.others_skipped.to_string()),
-            ],
+        copied.log(
+            host,
+            &[("pv", &request.pv_name), ("source", &source.volume.name)],
         );
         Ok(spec)
     }

@@ -108,17 +108,13 @@ impl Provisioner for LocalPath {
         }
         let deadline = Instant::now() + Duration::from_millis(config.clone_timeout_ms);
         let copied = dirs::clone_into(&from_path, &target, &request.pv_name, deadline)?;
-        host.info(
-            "cloned local path",
+        copied.log(
+            host,
             &[
                 ("pv", &request.pv_name),
                 ("source", &source.volume.name),
                 ("node", plan.node.as_deref().unwrap_or("(shared)")),
                 ("path", &plan.path),
-                ("entries", &copied.entries.to_string()),
-                ("bytes", &copied.bytes.to_string()),
-                ("links-skipped", &copied.links_skipped.to_string()),
-                ("others-skipped", &copied.others_skipped.to_string()),
             ],
         );
         Ok(spec)

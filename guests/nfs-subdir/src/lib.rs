@@ -90,16 +90,12 @@ impl Provisioner for NfsSubdir {
         let deadline = Instant::now() + Duration::from_millis(config.clone_timeout_ms);
         let copied = dirs::clone_into(&from, &target, &request.pv_name, deadline)
             .inspect_err(|_| prune_parents(&config, &dir))?;
-        host.info(
-            "cloned NFS directory",
+        copied.log(
+            host,
             &[
                 ("pv", &request.pv_name),
                 ("dir", &dir),
                 ("source", &source.volume.name),
-                ("entries", &copied.entries.to_string()),
-                ("bytes", &copied.bytes.to_string()),
-                ("links-skipped", &copied.links_skipped.to_string()),
-                ("others-skipped", &copied.others_skipped.to_string()),
             ],
         );
         Ok(spec)

@@ -11,6 +11,7 @@
 use std::fs;
 use std::io::ErrorKind;
 
+#[cfg(not(target_os = "wasi"))]
 mod copy;
 #[cfg(not(target_os = "wasi"))]
 mod native;
@@ -20,9 +21,50 @@ mod walk_tests;
 #[cfg(target_os = "wasi")]
 mod wasi;
 
+use crate::Host;
 use crate::types::{ProvisionError, final_error};
 
-pub use copy::{Copied, MAX_DEPTH};
+/// What a copy made ([`copy_tree`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Copied {
+    /// Directories, files and links made (inside WebAssembly, the target directory too).
+    pub entries: u64,
+    /// Bytes of file contents copied.
+    pub bytes: u64,
+    /// Of the entries, links (made with the same text; their targets never read).
+    pub links: u64,
+    /// FIFOs, sockets and devices left out.
+    pub skipped: u64,
+    /// Entries whose granted owner the filesystem would not let the host give (an NFS export
+    /// that squashes root): they belong to the host's user.
+    pub owners_not_kept: u64,
+}
+
+impl Copied {
+    /// Logs a finished clone with the fields `about` it (the PV, its source) and the counts: at
+    /// info, or at warn when owners could not be kept (the clone's pods may not be able to
+    /// write what they own in the source).
+    pub fn log(&self, host: &dyn Host, about: &[(&str, &str)]) {
+        let counts = [
+            ("entries", self.entries),
+            ("bytes", self.bytes),
+            ("links", self.links),
+            ("skipped", self.skipped),
+            ("owners-not-kept", self.owners_not_kept),
+        ]
+        .map(|(key, value)| (key, value.to_string()));
+        let mut fields = about.to_vec();
+        fields.extend(counts.iter().map(|(key, value)| (*key, value.as_str())));
+        if self.owners_not_kept > 0 {
+            host.warn(
+                "cloned, but the filesystem would not let the host keep some owners",
+                &fields,
+            );
+        } else {
+            host.info("cloned", &fields);
+        }
+    }
+}
 
 /// `mkdir -p`.
 pub fn create(path: &str) -> Result<(), ProvisionError> {
@@ -116,14 +158,41 @@ pub fn remove(path: &str) -> Result<bool, ProvisionError> {
     remove_in(parent, path)
 }
 
-/// Copies the directory `from` into a new directory `to` (neither may be a link; `to`'s parent
-/// must exist and `to` must not), by descriptor: a link is never followed, so nothing outside
-/// `from` is read whatever a pod does to it meanwhile, and is recreated as a link where the
-/// filesystem allows it (natively), else left out and counted (inside the host's sandbox, which
-/// refuses every `symlink-at`); FIFOs, sockets and devices are left out (counted). Gives up at `deadline`, or below [`MAX_DEPTH`] levels, with
-/// a final error naming what was done; the partial copy is the caller's to remove. Modes are
-/// not copied: WASI has no chmod (files and directories get the host's defaults).
+/// Copies the directory `from` into a new directory `to` (`to`'s parent must exist, `to` must
+/// not), for a clone. Inside WebAssembly the host copies (`host.copy-tree`): by descriptor
+/// beneath the granted directories, never following a link (a link in any component of either
+/// path is refused); links as links (their targets never read), modes (no setuid bit; setgid
+/// only on directories), owners the grant's `[volumes] uids`/`gids` allow (any other fails the
+/// copy, naming the entry); FIFOs, sockets and devices left out, counted. Gives up at
+/// `deadline` (or the call's own), or when the tree nests deeper than the call's
+/// `limits.descriptors` allow (two per level), with a final error naming what happened; the
+/// partial copy is the caller's to remove ([`clone_into`] does). Natively (unit tests) a
+/// stand-in copies the same entries, keeping neither modes nor owners.
 pub fn copy_tree(
+    from: &str,
+    to: &str,
+    deadline: std::time::Instant,
+) -> Result<Copied, ProvisionError> {
+    #[cfg(target_os = "wasi")]
+    {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let within_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+        crate::bindings::wasm_provisioner::provisioner::host::copy_tree(from, to, within_ms)
+            .map(|done| Copied {
+                entries: done.entries,
+                bytes: done.bytes,
+                links: done.links,
+                skipped: done.skipped,
+                owners_not_kept: done.owners_not_kept,
+            })
+            .map_err(final_error)
+    }
+    #[cfg(not(target_os = "wasi"))]
+    copy_natively(from, to, deadline)
+}
+
+#[cfg(not(target_os = "wasi"))]
+fn copy_natively(
     from: &str,
     to: &str,
     deadline: std::time::Instant,
@@ -144,9 +213,10 @@ pub fn copy_tree(
                 "copying {from} to {to}: out of time after {} entries and {} bytes",
                 done.entries, done.bytes
             ),
-            copy::CopyFailed::TooDeep(at) => {
-                format!("copying {from} to {to}: {at} is more than {MAX_DEPTH} directories deep")
-            }
+            copy::CopyFailed::TooDeep(at) => format!(
+                "copying {from} to {to}: {at} is more than {} directories deep",
+                copy::MAX_DEPTH
+            ),
             copy::CopyFailed::At(at, failure) => {
                 format!("copying {from} to {to}: at {at}: {failure}")
             }
@@ -193,6 +263,7 @@ pub fn clone_into(
     Ok(copied)
 }
 
+#[cfg(not(target_os = "wasi"))]
 fn split_parent(path: &str) -> Result<(&str, &str), ProvisionError> {
     match path.trim_end_matches('/').rsplit_once('/') {
         Some(("", name)) if !name.is_empty() => Ok(("/", name)),
@@ -278,7 +349,8 @@ mod tests {
             std::path::Path::new("/etc")
         );
         assert!(!to.join("fifo").exists());
-        assert_eq!(copied.others_skipped, 1);
+        assert_eq!(copied.skipped, 1);
+        assert_eq!(copied.links, 2);
         assert_eq!(copied.bytes, 200_003);
         assert_eq!(copied.entries, 6, "{copied:?}");
 
