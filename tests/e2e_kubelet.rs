@@ -31,6 +31,7 @@ const CASES: &[&str] = &[
     "a_hostile_pod_exposes_nothing_and_its_volume_is_deleted_cleanly",
     "a_non_root_pod_writes_into_the_volume_its_class_gives_it",
     "a_pod_reads_in_a_clone_what_another_pod_wrote_into_its_source",
+    "a_link_a_pod_planted_where_a_later_volume_goes_changes_no_owner",
     "a_non_root_pod_writes_into_a_local_path_volume_its_class_gives_it",
     "leader_failover_with_real_pods",
     "node_daemonset_provisions_for_the_pod_the_scheduler_placed",
@@ -126,6 +127,9 @@ fn run_cases(selected: &[&str]) -> Vec<(&'static str, Result<(), String>)> {
                     }
                     "a_pod_reads_in_a_clone_what_another_pod_wrote_into_its_source" => {
                         cloned_volume(&mut world).await
+                    }
+                    "a_link_a_pod_planted_where_a_later_volume_goes_changes_no_owner" => {
+                        planted_link_before_reprovision(&mut world).await
                     }
                     "a_non_root_pod_writes_into_a_local_path_volume_its_class_gives_it" => {
                         owned_local_path(&mut world).await
@@ -352,31 +356,56 @@ parameters: { uid: "0" }
     world.assert_no_forbidden()
 }
 
-/// (c3) A pod writes into a claim; a second claim clones it; a pod reads the first pod's file
-/// in the clone; both claims go with their storage.
+/// (c3) A pod running as 1000 writes into a claim of a class that gives it the volume (uid 1000,
+/// mode 0700): a 0600 file in a 0700 directory and a link to it. A second claim clones it; a pod
+/// running as 1000 reads the file through the link in the clone and writes beside it (the copy
+/// kept the link, the modes and the owner); both claims go with their storage.
 async fn cloned_volume(world: &mut NodeCluster) -> anyhow::Result<()> {
     world
-        .create_claim("default", "original", "hostpath")
-        .await?;
-    let original = world.wait_bound("default", "original").await?;
-    world
-        .run_pod(
-            "clone-author",
-            "original",
-            "mkdir /data/letters && echo dear-clone > /data/letters/one",
+        .apply_yaml(
+            r#"apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: { name: hostpath-clones }
+provisioner: wasm-provisioner.dev/hostpath
+reclaimPolicy: Delete
+parameters: { uid: "1000", gid: "1000", mode: "0700" }
+"#,
         )
         .await?;
     world
-        .create_claim_from("default", "copy", "hostpath", Some("original"))
+        .create_claim("default", "original", "hostpath-clones")
+        .await?;
+    let original = world.wait_bound("default", "original").await?;
+    world
+        .run_pod_as(
+            "clone-author",
+            "original",
+            "mkdir /data/letters && echo dear-clone > /data/letters/one && \
+             chmod 600 /data/letters/one && chmod 700 /data/letters && ln -s letters/one /data/latest",
+            TENANT_UID,
+        )
+        .await?;
+    world
+        .create_claim_from("default", "copy", "hostpath-clones", Some("original"))
         .await?;
     let copy = world.wait_bound("default", "copy").await?;
     world
-        .run_pod("clone-reader", "copy", "cat /data/letters/one")
+        .run_pod_as(
+            "clone-reader",
+            "copy",
+            "cat /data/latest && echo reply > /data/letters/two && \
+             stat -c '%a %u:%g' /data/letters /data/letters/one && readlink /data/latest",
+            TENANT_UID,
+        )
         .await?;
     let read = world.pod_output("default", "clone-reader")?;
-    ensure!(read == "dear-clone", "the clone's pod read {read:?}");
+    ensure!(
+        read == "dear-clone\n700 1000:1000\n600 1000:1000\nletters/one",
+        "the clone's pod saw {read:?}"
+    );
+    owned_by_the_tenant(&world.host_path_of(&copy)?)?;
     println!(
-        "clone {} of {}: a pod read what another wrote into the source",
+        "clone {} of {}: a pod of uid 1000 read through the copied link and wrote beside it",
         copy.metadata.name.as_deref().unwrap_or_default(),
         original.metadata.name.as_deref().unwrap_or_default()
     );
@@ -388,6 +417,97 @@ async fn cloned_volume(world: &mut NodeCluster) -> anyhow::Result<()> {
     world
         .delete_claim_and_wait_storage("default", "original", &original)
         .await?;
+    world.assert_no_forbidden()
+}
+
+/// (c3b) A root pod plants links where later volumes will go, inside its own retained volume:
+/// `victim` to the node's `/etc`, `sneak` to a neighbour's volume. Claims of a class whose
+/// volumes lie there (`pathPattern` below the planter's, uid 1000, mode 0777) get
+/// ProvisioningFailed and no PV, and neither `/etc` nor the neighbour's volume changes owner or
+/// mode: the host never follows a pod's link to chown.
+async fn planted_link_before_reprovision(world: &mut NodeCluster) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    world
+        .apply_yaml(
+            r#"apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: { name: hostpath-kept }
+provisioner: wasm-provisioner.dev/hostpath
+reclaimPolicy: Retain
+parameters: { pathPattern: "${pvc.namespace}/${pvc.name}", uid: "1000", gid: "1000", mode: "0700" }
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: { name: hostpath-below }
+provisioner: wasm-provisioner.dev/hostpath
+reclaimPolicy: Delete
+parameters: { pathPattern: "${pvc.namespace}/nest/${pvc.name}", uid: "1000", gid: "1000", mode: "0777" }
+"#,
+        )
+        .await?;
+    for claim in ["nest", "neighbour"] {
+        world
+            .create_claim("default", claim, "hostpath-kept")
+            .await?;
+    }
+    let nest = world.wait_bound("default", "nest").await?;
+    let neighbour = world.wait_bound("default", "neighbour").await?;
+    let neighbour_path = world.host_path_of(&neighbour)?;
+    world
+        .run_pod(
+            "link-planter",
+            "nest",
+            "ln -s /etc /data/victim && ln -s ../neighbour /data/sneak && ls -l /data",
+        )
+        .await?;
+    world.delete_pod("default", "link-planter").await?;
+    let nest_path = world.delete_retained("default", "nest", &nest).await?;
+    ensure!(
+        nest_path.join("victim").is_symlink() && nest_path.join("sneak").is_symlink(),
+        "the pod's links are in its retained volume {}",
+        nest_path.display()
+    );
+    let owner_and_mode = |path: &Path| -> anyhow::Result<(u32, u32, u32)> {
+        let meta = std::fs::metadata(path)?;
+        Ok((meta.uid(), meta.gid(), meta.mode() & 0o7777))
+    };
+    let etc_before = owner_and_mode(Path::new("/etc"))?;
+    let neighbour_before = owner_and_mode(&neighbour_path)?;
+    ensure!(
+        neighbour_before == (1000, 1000, 0o700),
+        "{neighbour_before:?}"
+    );
+
+    for claim in ["victim", "sneak"] {
+        world
+            .create_claim("default", claim, "hostpath-below")
+            .await?;
+        let failed = world
+            .wait_event("default", claim, "ProvisioningFailed")
+            .await?;
+        println!("planted link {claim}: {failed}");
+        ensure!(
+            world.volume_name("default", claim).await?.is_none(),
+            "a PV for {claim}, a path through a pod's link"
+        );
+    }
+    ensure!(
+        owner_and_mode(Path::new("/etc"))? == etc_before,
+        "the node's /etc changed owner or mode"
+    );
+    ensure!(
+        owner_and_mode(&neighbour_path)? == neighbour_before,
+        "the neighbour's volume changed owner or mode"
+    );
+    for claim in ["victim", "sneak"] {
+        world.delete_claim("default", claim).await?;
+    }
+    let neighbour_path = world
+        .delete_retained("default", "neighbour", &neighbour)
+        .await?;
+    // What Retain kept is the operator's to remove; the test is the operator here.
+    std::fs::remove_dir_all(&nest_path)?;
+    std::fs::remove_dir_all(&neighbour_path)?;
     world.assert_no_forbidden()
 }
 

@@ -111,6 +111,7 @@ impl Provisioner for Hostpath {
         let copied = dirs::clone_into(&from, &target, &request.pv_name, deadline)?;
         copied.log(
             host,
+            "cloned hostPath directory",
             &[("pv", &request.pv_name), ("source", &source.volume.name)],
         );
         Ok(spec)

@@ -110,6 +110,7 @@ impl Provisioner for LocalPath {
         let copied = dirs::clone_into(&from_path, &target, &request.pv_name, deadline)?;
         copied.log(
             host,
+            "cloned local path",
             &[
                 ("pv", &request.pv_name),
                 ("source", &source.volume.name),

@@ -92,6 +92,7 @@ impl Provisioner for NfsSubdir {
             .inspect_err(|_| prune_parents(&config, &dir))?;
         copied.log(
             host,
+            "cloned NFS directory",
             &[
                 ("pv", &request.pv_name),
                 ("dir", &dir),

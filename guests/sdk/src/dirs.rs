@@ -41,10 +41,10 @@ pub struct Copied {
 }
 
 impl Copied {
-    /// Logs a finished clone with the fields `about` it (the PV, its source) and the counts: at
-    /// info, or at warn when owners could not be kept (the clone's pods may not be able to
-    /// write what they own in the source).
-    pub fn log(&self, host: &dyn Host, about: &[(&str, &str)]) {
+    /// Logs a finished clone as `message` with the fields `about` it (the PV, its source) and
+    /// the counts: at info, or at warn when owners could not be kept (the clone's pods may not
+    /// be able to write what they own in the source).
+    pub fn log(&self, host: &dyn Host, message: &str, about: &[(&str, &str)]) {
         let counts = [
             ("entries", self.entries),
             ("bytes", self.bytes),
@@ -56,12 +56,11 @@ impl Copied {
         let mut fields = about.to_vec();
         fields.extend(counts.iter().map(|(key, value)| (*key, value.as_str())));
         if self.owners_not_kept > 0 {
-            host.warn(
-                "cloned, but the filesystem would not let the host keep some owners",
-                &fields,
-            );
+            let message =
+                format!("{message}; the filesystem would not let the host keep some owners");
+            host.warn(&message, &fields);
         } else {
-            host.info("cloned", &fields);
+            host.info(message, &fields);
         }
     }
 }
@@ -298,6 +297,29 @@ pub fn free_name(base: &str, taken: impl Fn(&str) -> bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copy_is_logged_with_its_counts_and_at_warn_when_owners_were_not_kept() {
+        let host = crate::testing::FakeHost::new();
+        let copied = Copied {
+            entries: 3,
+            links: 1,
+            ..Copied::default()
+        };
+        copied.log(&host, "cloned", &[("pv", "pvc-1")]);
+        let lost = Copied {
+            owners_not_kept: 2,
+            ..copied.clone()
+        };
+        lost.log(&host, "cloned", &[("pv", "pvc-2")]);
+        assert_eq!(
+            host.logs(),
+            [
+                "LogLevel::Info cloned pv=pvc-1 entries=3 bytes=0 links=1 skipped=0 owners-not-kept=0",
+                "LogLevel::Warn cloned; the filesystem would not let the host keep some owners pv=pvc-2 entries=3 bytes=0 links=1 skipped=0 owners-not-kept=2",
+            ]
+        );
+    }
 
     #[test]
     fn clone_staging_is_a_hidden_sibling_named_after_the_pv() {

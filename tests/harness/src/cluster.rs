@@ -446,6 +446,32 @@ impl NodeCluster {
             .filter(|v| !v.is_empty()))
     }
 
+    /// Deletes a claim whose class retains its volume, then its Released PV, and waits until
+    /// both are gone; the PV's directory stays on the node (returned), as `Retain` promises.
+    pub async fn delete_retained(
+        &self,
+        namespace: &str,
+        claim: &str,
+        pv: &PersistentVolume,
+    ) -> anyhow::Result<PathBuf> {
+        let path = self.host_path_of(pv)?;
+        self.delete_claim(namespace, claim).await?;
+        let pvs: Api<PersistentVolume> = Api::all(self.admin.clone());
+        let name = pv.metadata.name.clone().context("PV without a name")?;
+        wait_for(&format!("PV {name} Released"), STEP, || async {
+            let phase = pvs.get(&name).await?.status.and_then(|s| s.phase);
+            Ok((phase.as_deref() == Some("Released")).then_some(()))
+        })
+        .await?;
+        pvs.delete(&name, &DeleteParams::default()).await?;
+        wait_for(&format!("PV {name} gone"), STEP, || async {
+            Ok(pvs.get_opt(&name).await?.is_none().then_some(()))
+        })
+        .await?;
+        ensure!(path.is_dir(), "{} went with a retained PV", path.display());
+        Ok(path)
+    }
+
     /// Deletes a claim that has no volume, and waits until it is gone.
     pub async fn delete_claim(&self, namespace: &str, claim: &str) -> anyhow::Result<()> {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.admin.clone(), namespace);
