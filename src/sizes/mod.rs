@@ -6,7 +6,8 @@
 //! All of it works on open directory descriptors, with plain ioctls (no `btrfs` command), and
 //! needs `CAP_SYS_ADMIN` (the quota ioctls). See docs/sizes.md.
 //!
-//! Nothing calls this yet: the grant (`sizes = "btrfs"`) and host-created volumes come later.
+//! A grant directory with `sizes = "btrfs"` is checked here at load; the volumes the host makes
+//! in one are in `crate::wasm::sized`.
 
 pub mod btrfs;
 mod ioctl;
@@ -14,7 +15,8 @@ mod ioctl;
 use std::os::fd::{AsFd, OwnedFd};
 
 /// How a volume's size is enforced on the filesystem a directory is on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(try_from = "String")]
 #[non_exhaustive]
 pub enum SizeBackend {
     /// btrfs subvolumes limited by qgroups.
@@ -104,6 +106,27 @@ impl SizeBackend {
             Self::Btrfs => btrfs::is_subvolume(dir),
         }
     }
+}
+
+impl TryFrom<String> for SizeBackend {
+    type Error = String;
+
+    fn try_from(name: String) -> Result<SizeBackend, String> {
+        SizeBackend::from_name(&name)
+            .ok_or_else(|| format!("sizes = {name:?}: the only backend is \"btrfs\""))
+    }
+}
+
+/// Opens the directory `path` for the backend's calls (following links: `path` is the
+/// operator's, as a grant's directory is).
+pub fn open_dir(path: &std::path::Path) -> Result<OwnedFd, SizeError> {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|source| SizeError::Os { op: "open", source })
 }
 
 /// The state of quotas on a filesystem.

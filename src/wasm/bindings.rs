@@ -11,6 +11,7 @@ wasmtime::component::bindgen!({
     imports: {
         // Runs on the blocking pool, where the call's deadline can end the wait.
         "wasm-provisioner:provisioner/host.copy-tree": async | trappable,
+        "wasm-provisioner:provisioner/host.destroy-volume": async | trappable,
         default: trappable,
     },
     exports: { default: async },

@@ -25,15 +25,15 @@
 
 use std::ffi::CStr;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use rustix::fs::{AtFlags, Dir, FileType, Gid, Mode, OFlags, ResolveFlags, Stat, Uid};
+use rustix::fs::{AtFlags, Dir, FileType, Gid, Mode, OFlags, Stat, Uid};
 use rustix::io::Errno;
 
-use super::grants::{DirAccess, DirGrant, Grants};
+use super::grants::Grants;
+use super::guest_path::{self, DIRECTORY, GuestPathError, explain};
 use super::ownership::IdRange;
 
 /// Bytes one `copy_file_range` (or read and write) moves before the deadline is looked at again.
@@ -60,19 +60,10 @@ pub struct Copied {
 /// Why a copy was refused or stopped; the partial copy is the guest's to remove.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CopyError {
-    /// The path is not one the guest may name.
-    #[error("{0}: not an absolute path without `..`, with a name at its end")]
-    BadPath(String),
-    /// No granted directory holds the path (read-write ones only, for the target).
-    #[error("{path} lies in no directory granted{access} to this guest")]
-    NotGranted {
-        /// The path, as the guest gave it.
-        path: String,
-        /// ` read-write` for the target, empty for the source.
-        access: &'static str,
-    },
-    /// Reaching the source, or the target's parent, or making the target, failed: a link
-    /// in a component, a missing directory, a target that exists.
+    /// A path the guest named cannot be used (not granted, a link in it, missing).
+    #[error(transparent)]
+    Path(#[from] GuestPathError),
+    /// Making the target failed (it exists, or a link took its place).
     #[error("{path}: {message}")]
     Open {
         /// The path, as the guest gave it.
@@ -171,15 +162,11 @@ pub struct Resolved {
 /// Opens `source` (in any granted directory) and `target`'s parent (in a read-write one) as
 /// the guest names them, each beneath its granted directory with no link in any component.
 pub fn resolve(grants: &Grants, source: &str, target: &str) -> Result<Resolved, CopyError> {
-    let (target_parent, target_name) = split(target)?;
-    let opened_source = open_granted(grants, source, false)?;
-    let opened_parent = open_granted(grants, target_parent, true).map_err(|error| match error {
-        CopyError::NotGranted { .. } => CopyError::NotGranted {
-            path: target.to_owned(),
-            access: " read-write",
-        },
-        other => other,
-    })?;
+    let (target_parent, target_name) = guest_path::split(target)?;
+    let opened_source = guest_path::open_dir(grants, source, false)?.dir;
+    let opened_parent = guest_path::open_dir(grants, target_parent, true)
+        .map_err(|error| error.naming(target))?
+        .dir;
     Ok(Resolved {
         source: opened_source,
         target_parent: opened_parent,
@@ -188,80 +175,6 @@ pub fn resolve(grants: &Grants, source: &str, target: &str) -> Result<Resolved, 
         target_path: target.to_owned(),
     })
 }
-
-fn split(path: &str) -> Result<(&str, &str), CopyError> {
-    let bad = || CopyError::BadPath(path.to_owned());
-    let trimmed = path.trim_end_matches('/');
-    let (parent, name) = trimmed.rsplit_once('/').ok_or_else(bad)?;
-    if matches!(name, "" | "." | "..") {
-        return Err(bad());
-    }
-    Ok((if parent.is_empty() { "/" } else { parent }, name))
-}
-
-/// The granted directory (of the access asked for) whose guest path holds `path`, the
-/// innermost, and the rest of `path` below it.
-fn granted<'g>(grants: &'g Grants, path: &str, writable: bool) -> Option<(&'g DirGrant, PathBuf)> {
-    grants
-        .dirs
-        .iter()
-        .filter(|d| !writable || d.access == DirAccess::ReadWrite)
-        .filter_map(|d| {
-            let rest = Path::new(path).strip_prefix(&d.guest).ok()?;
-            Some((d, rest.to_path_buf()))
-        })
-        .max_by_key(|(d, _)| Path::new(&d.guest).components().count())
-}
-
-fn open_granted(grants: &Grants, path: &str, writable: bool) -> Result<OwnedFd, CopyError> {
-    let plain = Path::new(path).is_absolute()
-        && Path::new(path)
-            .components()
-            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
-    if !plain {
-        return Err(CopyError::BadPath(path.to_owned()));
-    }
-    let Some((dir, rest)) = granted(grants, path, writable) else {
-        return Err(CopyError::NotGranted {
-            path: path.to_owned(),
-            access: if writable { " read-write" } else { "" },
-        });
-    };
-    let failed = |errno: Errno| CopyError::Open {
-        path: path.to_owned(),
-        message: explain(errno),
-    };
-    // The granted directory by its path, as the operator wrote it (as its preopen is opened);
-    // everything below it beneath it, refusing any link.
-    let root = rustix::fs::open(
-        &dir.host,
-        DIRECTORY.difference(OFlags::NOFOLLOW),
-        Mode::empty(),
-    )
-    .map_err(failed)?;
-    let rest = if rest.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        rest.as_path()
-    };
-    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
-    rustix::fs::openat2(&root, rest, DIRECTORY, Mode::empty(), resolve).map_err(failed)
-}
-
-fn explain(errno: Errno) -> String {
-    match errno {
-        Errno::LOOP | Errno::XDEV => "a component is a symbolic link (never followed)".to_owned(),
-        // O_DIRECTORY|O_NOFOLLOW on a link says "not a directory".
-        Errno::NOTDIR => "not a directory, or a symbolic link (never followed)".to_owned(),
-        errno => std::io::Error::from(errno).to_string(),
-    }
-}
-
-const DIRECTORY: OFlags = OFlags::RDONLY
-    .union(OFlags::DIRECTORY)
-    .union(OFlags::NOFOLLOW)
-    .union(OFlags::NONBLOCK)
-    .union(OFlags::CLOEXEC);
 
 /// One descriptor the copy holds, counted until dropped.
 struct Slot(Arc<AtomicUsize>);

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::sizes::SizeBackend;
+
 /// Defaults applied when the grant file leaves a limit out.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default linear-memory cap per call.
@@ -106,6 +108,14 @@ pub struct DirGrant {
     pub guest: String,
     /// Access mode.
     pub access: DirAccess,
+    /// Whether the host makes every volume in this directory with an enforced size, and how
+    /// (`sizes = "btrfs"`: a subvolume limited by its qgroup). Read-write directories only.
+    #[serde(default)]
+    pub sizes: Option<SizeBackend>,
+    /// Whether the host may turn the filesystem's quotas on at load when they are off
+    /// (`enable-quotas = true`; the default leaves that to the operator and refuses the grant).
+    #[serde(default, rename = "enable-quotas")]
+    pub enable_quotas: bool,
 }
 
 /// Limits on each call into the guest.
@@ -332,6 +342,18 @@ impl Grants {
                     dir.guest
                 )));
             }
+            if dir.sizes.is_some() && dir.access != DirAccess::ReadWrite {
+                return Err(invalid(format!(
+                    "dirs: {} has `sizes` but is not read-write (the host makes volumes there)",
+                    dir.host.display()
+                )));
+            }
+            if dir.enable_quotas && dir.sizes.is_none() {
+                return Err(invalid(format!(
+                    "dirs: {} has `enable-quotas` without `sizes`",
+                    dir.host.display()
+                )));
+            }
             let host = if dir.host.is_absolute() {
                 dir.host
             } else {
@@ -426,6 +448,26 @@ impl Grants {
                 .host
                 .canonicalize()
                 .map_err(|e| format!("dirs: {} cannot be resolved: {e}", dir.host.display()))?;
+        }
+        for dir in &self.dirs {
+            if let Some(backend) = dir.sizes {
+                let probed = crate::sizes::open_dir(&dir.host)
+                    .and_then(|fd| backend.check(&fd, dir.enable_quotas));
+                match probed {
+                    Ok(_) => notes.push(format!(
+                        "dirs: {} makes every volume with an enforced size ({})",
+                        dir.host.display(),
+                        backend.name()
+                    )),
+                    Err(error) => {
+                        return Err(format!(
+                            "dirs: {} cannot hold volumes with enforced sizes (`sizes = \"{}\"`): {error}",
+                            dir.host.display(),
+                            backend.name()
+                        ));
+                    }
+                }
+            }
         }
         let protected: Vec<PathBuf> = protected.iter().map(|p| resolve_existing(p)).collect();
         let overlaps = |path: &Path| {

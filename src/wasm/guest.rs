@@ -283,8 +283,7 @@ impl Guest {
         request: &ProvisionRequest,
     ) -> Result<BuiltVolume, CallError> {
         let spec = answer.map_err(|error| CallError::guest(&self.name, error))?;
-        self.validate(spec, &request.pv_name, request.selected_node.as_deref())
-            .await
+        self.validate(spec, request).await
     }
 
     /// The checks a returned volume passes before it may become a PV: the grants, the
@@ -293,9 +292,9 @@ impl Guest {
     async fn validate(
         &self,
         spec: VolumeSpecBuilder,
-        pv_name: &str,
-        selected_node: Option<&str>,
+        request: &ProvisionRequest,
     ) -> Result<BuiltVolume, CallError> {
+        let (pv_name, selected_node) = (&request.pv_name, request.selected_node.as_deref());
         let rejected = |message: String| CallError::Rejected {
             guest: self.name.to_string(),
             message,
@@ -322,8 +321,15 @@ impl Guest {
         // of the path locked, so the walk gets the call's deadline too.
         let (grants, source, ownership) =
             (self.grants.clone(), built.source.clone(), built.ownership);
+        // A volume with an enforced size is limited to the PV's capacity, the claim's request
+        // when the guest set none (the capacity the controller then writes).
+        let (pv, bytes) = (
+            pv_name.clone(),
+            built.capacity.unwrap_or(request.claim.requested_bytes),
+        );
         let walk = tokio::task::spawn_blocking(move || {
-            super::nodepath::check_source(&grants, &source, &ownership)
+            let volume = super::nodepath::OnDisk { pv: &pv, bytes };
+            super::nodepath::check_source(&grants, &source, &ownership, &volume)
         });
         let checked = match tokio::time::timeout(self.grants.call_timeout, walk).await {
             Ok(Ok(checked)) => checked.map_err(|e| rejected(e.to_string())),

@@ -19,6 +19,7 @@ use super::grants::Grants;
 use super::handles::{FsGuard, Lingering, TABLE_ENTRIES_PER_CALL};
 use super::output::printable;
 use super::ownership::Ownership;
+use super::sized;
 
 /// What each `host.log` message costs on top of its text, so a flood of empty messages runs out
 /// of budget too (one line of output is never free).
@@ -298,6 +299,41 @@ impl host::Host for GuestState {
         Ok(copied
             .map(Into::into)
             .map_err(|error| format!("copying {source} to {target}: {error}")))
+    }
+
+    async fn destroy_volume(
+        &mut self,
+        path: String,
+        pv: String,
+    ) -> WasmResult<Result<bool, String>> {
+        let grants = self.grants.clone();
+        // The granted directory, the parent and the volume, open at once at most.
+        self.on_pool("destroy-volume", 3, move || {
+            sized::destroy(&grants, &path, &pv)
+                .map_err(|error| format!("destroying the volume at {path}: {error}"))
+        })
+        .await
+    }
+}
+
+impl GuestState {
+    /// Runs `work` on the blocking pool as an operation of this call that holds `descriptors`
+    /// descriptors (charged like the guest's own, and to its next calls if it outlives this one).
+    async fn on_pool<R: Send + 'static>(
+        &mut self,
+        what: &str,
+        descriptors: usize,
+        work: impl FnOnce() -> R + Send + 'static,
+    ) -> WasmResult<R> {
+        let (held, _) = self.fs_guard.begin_operation()?;
+        held.store(descriptors, std::sync::atomic::Ordering::Relaxed);
+        tokio::task::spawn_blocking(move || {
+            let done = work();
+            drop(held);
+            done
+        })
+        .await
+        .map_err(|error| wasmtime::Error::msg(format!("{what}: {error}")))
     }
 }
 

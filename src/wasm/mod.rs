@@ -15,6 +15,7 @@ pub mod executor;
 pub mod fs_view;
 pub mod grants;
 pub mod guest;
+pub mod guest_path;
 pub mod handles;
 pub mod host;
 pub mod localfs;
@@ -30,6 +31,7 @@ pub mod reload;
 pub mod rename;
 pub mod sandbox_fs;
 pub mod served;
+pub mod sized;
 pub mod spec;
 
 pub use bindings::types::{ProvisionError, SpecError};

@@ -15,6 +15,7 @@ use rustix::fs::{FileType, Mode, OFlags};
 use super::bindings::types::{HostPathSource, LocalSource, VolumeSource};
 use super::grants::Grants;
 use super::ownership::Ownership;
+use super::sized;
 
 /// Why a returned path was refused on disk.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,6 +45,14 @@ pub enum NodePathError {
         /// What was asked.
         asked: String,
         /// Why not.
+        message: String,
+    },
+    /// A volume with an enforced size could not be made there.
+    #[error("{path}: {message}")]
+    Sized {
+        /// The returned path.
+        path: String,
+        /// Why.
         message: String,
     },
     /// The path could not be inspected.
@@ -89,6 +98,7 @@ pub fn check_source(
     grants: &Grants,
     source: &VolumeSource,
     ownership: &Ownership,
+    volume: &OnDisk<'_>,
 ) -> Result<(), NodePathError> {
     let Some(path) = node_path(source).map(Path::new) else {
         return Ok(());
@@ -107,6 +117,10 @@ pub fn check_source(
         ));
     };
     let end = walk_beneath(root, path)?;
+    if let Some((_, backend)) = sized::sized_dir(grants, path) {
+        let volume = sized_volume(root, path, backend, volume)?;
+        return super::ownership::apply(volume, ownership).map_err(|e| refused(&e.to_string()));
+    }
     if ownership.is_empty() {
         return Ok(());
     }
@@ -121,6 +135,46 @@ pub fn check_source(
         ));
     };
     super::ownership::apply(dir, ownership).map_err(|e| refused(&e.to_string()))
+}
+
+/// What the host knows of the volume whose path it checks: the PV it is for and its capacity
+/// (the limit of a volume with an enforced size).
+#[derive(Debug, Clone, Copy)]
+pub struct OnDisk<'a> {
+    /// The PV's name.
+    pub pv: &'a str,
+    /// The PV's capacity in bytes.
+    pub bytes: u64,
+}
+
+/// The volume at `path` in a size-enforcing directory ([`sized::make`]), reached through its
+/// parent as walked from `root`.
+fn sized_volume(
+    root: &Path,
+    path: &Path,
+    backend: crate::sizes::SizeBackend,
+    volume: &OnDisk<'_>,
+) -> Result<OwnedFd, NodePathError> {
+    let shown = path.display().to_string();
+    let failed = |message: String| NodePathError::Sized {
+        path: shown.clone(),
+        message,
+    };
+    let (Some(parent), Some(name)) = (path.parent().filter(|_| path != root), path.file_name())
+    else {
+        return Err(failed(
+            "it is the granted directory itself, not a volume in it".into(),
+        ));
+    };
+    let name = name
+        .to_str()
+        .ok_or_else(|| failed("the name is not UTF-8".into()))?;
+    let parent = walk_beneath(root, parent)?.ok_or_else(|| {
+        failed("its parent directory does not exist; create it before returning the volume".into())
+    })?;
+    let parent = sized::reopen(&parent).map_err(|e| failed(std::io::Error::from(e).to_string()))?;
+    sized::make(backend, &parent, name, volume.pv, volume.bytes, &shown)
+        .map_err(|e| failed(e.to_string()))
 }
 
 /// Checks that `path` lies beneath `root` with no symlink in any component below `root`.
@@ -196,6 +250,11 @@ fn walk_beneath(root: &Path, path: &Path) -> Result<Option<OwnedFd>, NodePathErr
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    const ON_DISK: OnDisk<'static> = OnDisk {
+        pv: "pvc-1",
+        bytes: 1 << 30,
+    };
 
     #[test]
     fn clean_paths_pass_and_missing_tails_are_fine() {
@@ -274,7 +333,7 @@ mod tests {
             ..Ownership::default()
         };
         std::fs::create_dir_all(r.join("ns/pvc-1")).unwrap();
-        check_source(&grants, &host_path(&r.join("ns/pvc-1")), &asked).unwrap();
+        check_source(&grants, &host_path(&r.join("ns/pvc-1")), &asked, &ON_DISK).unwrap();
         assert_eq!(mode(&r.join("ns/pvc-1")), 0o707);
 
         symlink(outside.path(), r.join("pvc-2")).unwrap();
@@ -282,7 +341,8 @@ mod tests {
         std::fs::create_dir(outside.path().join("pvc-3")).unwrap();
         let below = mode(&outside.path().join("pvc-3"));
         for planted in ["pvc-2", "mid/pvc-3"] {
-            let error = check_source(&grants, &host_path(&r.join(planted)), &asked).unwrap_err();
+            let error =
+                check_source(&grants, &host_path(&r.join(planted)), &asked, &ON_DISK).unwrap_err();
             assert!(
                 matches!(error, NodePathError::Symlink { .. }),
                 "{planted}: {error}"
@@ -291,18 +351,24 @@ mod tests {
         assert_eq!(mode(outside.path()), 0o755);
         assert_eq!(mode(&outside.path().join("pvc-3")), below);
 
-        let missing = check_source(&grants, &host_path(&r.join("pvc-4")), &asked).unwrap_err();
+        let missing =
+            check_source(&grants, &host_path(&r.join("pvc-4")), &asked, &ON_DISK).unwrap_err();
         assert!(missing.to_string().contains("does not exist"), "{missing}");
-        let root_itself = check_source(&grants, &host_path(r), &asked).unwrap_err();
+        let root_itself = check_source(&grants, &host_path(r), &asked, &ON_DISK).unwrap_err();
         assert!(
             root_itself.to_string().contains("granted directory itself"),
             "{root_itself}"
         );
-        let unseen =
-            check_source(&grants, &host_path(Path::new("/elsewhere/pvc-5")), &asked).unwrap_err();
+        let unseen = check_source(
+            &grants,
+            &host_path(Path::new("/elsewhere/pvc-5")),
+            &asked,
+            &ON_DISK,
+        )
+        .unwrap_err();
         assert!(unseen.to_string().contains("cannot see it"), "{unseen}");
         std::fs::write(r.join("file"), b"x").unwrap();
-        assert!(check_source(&grants, &host_path(&r.join("file")), &asked).is_err());
+        assert!(check_source(&grants, &host_path(&r.join("file")), &asked, &ON_DISK).is_err());
     }
 
     #[test]

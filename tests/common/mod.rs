@@ -6,6 +6,7 @@
     reason = "each test binary includes these fixtures and uses only some of them"
 )]
 
+pub mod btrfs;
 pub mod e2e;
 pub mod locks;
 pub mod suite;

@@ -142,7 +142,7 @@ impl Provisioner for Hostpath {
                 &[fields[0], fields[1], ("archive", &archive)],
             );
         } else {
-            dirs::remove_in(&config.guest_dir, &guest_path)?;
+            dirs::remove_volume(&config.guest_dir, &guest_path, &volume.name)?;
             host.info("deleted hostPath directory", &fields);
         }
         Ok(())

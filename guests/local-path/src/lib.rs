@@ -140,7 +140,11 @@ impl Provisioner for LocalPath {
         if dirs::remove(&dirs::clone_staging(&guest_path, &volume.name))? {
             host.info("deleted a cut-short clone copy", &fields);
         }
-        if dirs::remove(&guest_path)? {
+        let parent = match guest_path.rsplit_once('/') {
+            Some((parent, _)) if !parent.is_empty() => parent,
+            _ => "/",
+        };
+        if dirs::remove_volume(parent, &guest_path, &volume.name)? {
             host.info("deleted local path", &fields);
         } else {
             host.info("local path already gone", &fields);

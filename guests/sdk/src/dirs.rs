@@ -130,6 +130,23 @@ fn removing(failed: walk::Failed) -> ProvisionError {
     final_error(format!("removing {}: {}", failed.at, failed.failure))
 }
 
+/// [`remove_in`] for volume `pv`'s directory: where the host made it with an enforced size
+/// (a grant directory with `sizes`), the host destroys it whole, without a walk, whatever a pod
+/// put in it (`host.destroy-volume`); anywhere else, or natively, [`remove_in`] removes it.
+/// False when there was nothing to remove.
+pub fn remove_volume(root: &str, path: &str, pv: &str) -> Result<bool, ProvisionError> {
+    #[cfg(target_os = "wasi")]
+    {
+        use crate::bindings::wasm_provisioner::provisioner::host::destroy_volume;
+        if destroy_volume(path, pv).map_err(final_error)? {
+            return Ok(true);
+        }
+    }
+    #[cfg(not(target_os = "wasi"))]
+    let _ = pv;
+    remove_in(root, path)
+}
+
 /// `rm -r`; returns false when there was nothing to remove. The directory holding `path` must
 /// be there: if it is not, that is an error, not "gone" ([`remove_in`] looks from a root
 /// further up instead).

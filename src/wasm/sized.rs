@@ -1,0 +1,229 @@
+//! Volumes in a size-enforcing grant directory (`sizes = "btrfs"`): the host makes each one,
+//! limited to its PV's capacity, and destroys it whole.
+//!
+//! ```text
+//! a returned hostPath/local path there, walked on disk (no link in any component), in its parent:
+//!   ─ nothing, or an empty directory (the guest's mkdir) ─▶ the directory removed; a volume
+//!       `.<pv>.sizing` made by descriptor with the limit, marked with the PV's name, renamed
+//!       into place (never over anything)
+//!   ─ a volume marked with this PV's name (a retry) ─▶ its limit set again, adopted
+//!   ─ anything else (a directory with entries, a volume not marked for this PV) ─▶ refused,
+//!       untouched
+//! host.destroy-volume(path, pv) ─ a volume marked with `pv` ─▶ destroyed whole (no walk)
+//!                               ─ a plain directory, a link, nothing ─▶ false: the guest removes it
+//!                               ─ a volume not marked for `pv` ─▶ refused, untouched
+//! ```
+//!
+//! The mark is the extended attribute `trusted.wasm-provisioner.volume` (the PV's name): only
+//! a process with `CAP_SYS_ADMIN` can set or read `trusted.*`, so no pod can forge one on a
+//! subvolume of its own making, and an operator's subvolume that happens to lie where a volume
+//! would go is never adopted and never destroyed. A subvolume is made under a hidden staging
+//! name and renamed into place only once limited and marked, so a crash between the steps
+//! leaves no unmarked volume at a PV's path: a leftover `.<pv>.sizing` is destroyed by the next
+//! attempt for that PV.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, XattrFlags};
+use rustix::io::Errno;
+
+use super::grants::{DirGrant, Grants};
+use super::guest_path::{self, DIRECTORY, GuestPathError, explain};
+use crate::sizes::{SizeBackend, SizeError};
+
+/// The extended attribute that marks a volume the host made, holding its PV's name.
+pub const MARK: &str = "trusted.wasm-provisioner.volume";
+
+/// Why a volume with an enforced size could not be made, or destroyed.
+#[derive(Debug, thiserror::Error)]
+pub enum SizedError {
+    /// The path is taken by a directory holding something.
+    #[error("{0} already holds entries; a volume with an enforced size is made new")]
+    NotEmpty(String),
+    /// A volume (subvolume) is there that the host did not make for this PV.
+    #[error(
+        "{path} is a subvolume the host did not make for {pv}; it is never adopted or destroyed"
+    )]
+    NotOurs {
+        /// Where.
+        path: String,
+        /// The PV asked about.
+        pv: String,
+    },
+    /// Something else than a directory is there.
+    #[error("{0} is not a directory")]
+    NotDirectory(String),
+    /// The backend failed.
+    #[error("{path}: {source}")]
+    Size {
+        /// Where.
+        path: String,
+        /// What failed.
+        source: SizeError,
+    },
+    /// A call failed.
+    #[error("{path}: {message}")]
+    Os {
+        /// Where.
+        path: String,
+        /// The OS error, explained.
+        message: String,
+    },
+    /// The path a guest named cannot be used.
+    #[error(transparent)]
+    Path(#[from] GuestPathError),
+}
+
+/// The size-enforcing granted directory whose host path holds `path` (the innermost), and its
+/// backend; `None` when `path` lies in no such directory.
+pub fn sized_dir<'g>(grants: &'g Grants, path: &Path) -> Option<(&'g DirGrant, SizeBackend)> {
+    grants
+        .dirs
+        .iter()
+        .filter(|d| path.starts_with(&d.host))
+        .max_by_key(|d| d.host.components().count())
+        .and_then(|d| d.sizes.map(|backend| (d, backend)))
+}
+
+/// The volume `name` in `parent` for PV `pv`, limited to `bytes`: made as the module says, or
+/// adopted if this PV's already (a retry). Returns its root directory. `shown` names it in
+/// errors.
+pub fn make(
+    backend: SizeBackend,
+    parent: &OwnedFd,
+    name: &str,
+    pv: &str,
+    bytes: u64,
+    shown: &str,
+) -> Result<OwnedFd, SizedError> {
+    let os = |errno: Errno| SizedError::Os {
+        path: shown.to_owned(),
+        message: explain(errno),
+    };
+    let size = |source: SizeError| SizedError::Size {
+        path: shown.to_owned(),
+        source,
+    };
+    match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Err(Errno::NOENT) => {}
+        Err(errno) => return Err(os(errno)),
+        Ok(stat) if FileType::from_raw_mode(stat.st_mode) != FileType::Directory => {
+            return Err(SizedError::NotDirectory(shown.to_owned()));
+        }
+        Ok(_) => {
+            let dir = rustix::fs::openat(parent, name, DIRECTORY, Mode::empty()).map_err(os)?;
+            if backend.is_volume(&dir).map_err(size)? {
+                if marked_for(&dir).map_err(os)?.as_deref() != Some(pv) {
+                    return Err(SizedError::NotOurs {
+                        path: shown.to_owned(),
+                        pv: pv.to_owned(),
+                    });
+                }
+                backend.set_limit(&dir, bytes).map_err(size)?;
+                return Ok(dir);
+            }
+            if !is_empty(dir).map_err(os)? {
+                return Err(SizedError::NotEmpty(shown.to_owned()));
+            }
+            rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR).map_err(os)?;
+        }
+    }
+    let staging = format!(".{pv}.sizing");
+    clear_staging(backend, parent, &staging, pv).map_err(size)?;
+    let volume = backend.create(parent, &staging, bytes).map_err(size)?;
+    let placed =
+        rustix::fs::fsetxattr(&volume, MARK, pv.as_bytes(), XattrFlags::CREATE).and_then(|()| {
+            rustix::fs::renameat_with(parent, &staging, parent, name, RenameFlags::NOREPLACE)
+        });
+    if let Err(errno) = placed {
+        drop(volume);
+        let _ = backend.destroy(parent, &staging);
+        return Err(os(errno));
+    }
+    Ok(volume)
+}
+
+/// Destroys a leftover staging volume of this PV (a crash between making and placing it).
+fn clear_staging(
+    backend: SizeBackend,
+    parent: &OwnedFd,
+    staging: &str,
+    pv: &str,
+) -> Result<(), SizeError> {
+    let Ok(dir) = rustix::fs::openat(parent, staging, DIRECTORY, Mode::empty()) else {
+        return Ok(());
+    };
+    if backend.is_volume(&dir)? && marked_for(&dir).ok().flatten().as_deref() == Some(pv) {
+        drop(dir);
+        backend.destroy(parent, staging)?;
+    }
+    Ok(())
+}
+
+/// The PV name a volume is marked with, if any.
+fn marked_for(dir: impl AsFd) -> Result<Option<String>, Errno> {
+    let mut value = [0u8; 256];
+    match rustix::fs::fgetxattr(dir, MARK, &mut value[..]) {
+        Ok(length) => Ok(Some(String::from_utf8_lossy(&value[..length]).into_owned())),
+        Err(Errno::NODATA) => Ok(None),
+        Err(errno) => Err(errno),
+    }
+}
+
+fn is_empty(dir: OwnedFd) -> Result<bool, Errno> {
+    let mut listing = rustix::fs::Dir::new(dir)?;
+    while let Some(entry) = listing.read() {
+        if !matches!(entry?.file_name().to_bytes(), b"." | b"..") {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// `host.destroy-volume`: destroys the volume at `path` (as the guest names it) if the host made
+/// it for `pv`, whole, without walking it. `Ok(false)` when there is no volume to destroy
+/// there (a plain directory, a link, nothing, or a directory without enforced sizes): the guest
+/// removes what is there itself.
+pub fn destroy(grants: &Grants, path: &str, pv: &str) -> Result<bool, SizedError> {
+    let (parent, name) = guest_path::split(path)?;
+    let opened = guest_path::open_dir(grants, parent, true).map_err(|e| e.naming(path))?;
+    let Some(backend) = opened.grant.sizes else {
+        return Ok(false);
+    };
+    let os = |errno: Errno| SizedError::Os {
+        path: path.to_owned(),
+        message: explain(errno),
+    };
+    let dir = match rustix::fs::openat(&opened.dir, name, DIRECTORY, Mode::empty()) {
+        Ok(dir) => dir,
+        Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => return Ok(false),
+        Err(errno) => return Err(os(errno)),
+    };
+    let size = |source: SizeError| SizedError::Size {
+        path: path.to_owned(),
+        source,
+    };
+    if !backend.is_volume(&dir).map_err(size)? {
+        return Ok(false);
+    }
+    if marked_for(&dir).map_err(os)?.as_deref() != Some(pv) {
+        return Err(SizedError::NotOurs {
+            path: path.to_owned(),
+            pv: pv.to_owned(),
+        });
+    }
+    drop(dir);
+    backend.destroy(&opened.dir, name).map_err(size)?;
+    Ok(true)
+}
+
+/// Opens `path`'s parent directory for [`make`] from the `O_PATH` descriptor a walk ended on.
+pub fn reopen(o_path: &OwnedFd) -> Result<OwnedFd, Errno> {
+    rustix::fs::openat(
+        o_path,
+        ".",
+        DIRECTORY.difference(OFlags::NOFOLLOW),
+        Mode::empty(),
+    )
+}

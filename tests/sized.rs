@@ -1,0 +1,197 @@
+//! Size-enforcing grant directories (`sizes = "btrfs"`) with the real hostpath guest loaded
+//! in-process: the host makes each volume a subvolume limited to its PV's capacity and destroys
+//! it whole. Root and a loop-mounted btrfs, as tests/sizes.rs.
+
+mod common;
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use common::btrfs::{Btrfs, MIB, is_edquot, write};
+use common::*;
+use wasm_provisioner::sizes::{SizeBackend, btrfs};
+use wasm_provisioner::wasm::bindings::types::DeleteRequest;
+use wasm_provisioner::wasm::{Guest, Plugins, WasmEngine, load_dir};
+
+const HOSTPATH: &str = "test.wasm-provisioner.dev/hostpath";
+
+/// The hostpath guest's grant on `storage`, its directory with `sizes = "btrfs"` and `extra`.
+fn sized_grant(storage: &Path, extra: &str) -> String {
+    let grant = dir_grant(HOSTPATH, storage, "/volumes", "");
+    let sized = format!("access = \"read-write\"\nsizes = \"btrfs\"\n{extra}");
+    grant.replacen("access = \"read-write\"\n", &sized, 1)
+}
+
+fn load(storage: &Path, extra: &str) -> (PluginsDir, Plugins) {
+    let plugins = PluginsDir::new();
+    plugins.add("hostpath", "hostpath", &sized_grant(storage, extra));
+    let loaded = load_dir(&WasmEngine::new().unwrap(), plugins.path()).unwrap();
+    (plugins, loaded)
+}
+
+fn guest(loaded: &Plugins) -> Arc<Guest> {
+    assert!(loaded.problems.is_empty(), "{:?}", loaded.problems);
+    loaded.for_provisioner(HOSTPATH).unwrap().clone()
+}
+
+/// A request for claim `name` asking for `mib` MiB.
+fn request_of(
+    guest: &Guest,
+    name: &str,
+    mib: u64,
+) -> wasm_provisioner::wasm::bindings::types::ProvisionRequest {
+    let mut claim = claim(name);
+    claim.requested_bytes = mib * MIB;
+    request(claim, class(HOSTPATH, &[]), &guest.grants().config_json)
+}
+
+fn open(path: &Path) -> File {
+    File::open(path).unwrap()
+}
+
+#[test]
+fn a_directory_that_cannot_enforce_sizes_refuses_its_guest_at_load() {
+    let plain = tempfile::tempdir().unwrap();
+    let (_plugins, loaded) = load(plain.path(), "");
+    let problems = format!("{:?}", loaded.problems);
+    assert!(
+        problems.contains("cannot hold volumes with enforced sizes")
+            && problems.contains("not on btrfs"),
+        "{problems}"
+    );
+    assert!(loaded.for_provisioner(HOSTPATH).is_none());
+
+    let off = Btrfs::new();
+    let (_plugins, loaded) = load(&off.mnt, "");
+    let problems = format!("{:?}", loaded.problems);
+    assert!(problems.contains("quotas are not enabled"), "{problems}");
+    let (_plugins, loaded) = load(&off.mnt, "enable-quotas = true\n");
+    guest(&loaded);
+    assert_eq!(
+        btrfs::quotas(off.root()).unwrap(),
+        wasm_provisioner::sizes::Quotas::On
+    );
+
+    let refused = PluginsDir::new();
+    refused.add(
+        "hostpath",
+        "hostpath",
+        &sized_grant(plain.path(), "").replace("read-write", "read-only"),
+    );
+    let loaded = load_dir(&WasmEngine::new().unwrap(), refused.path()).unwrap();
+    assert!(
+        format!("{:?}", loaded.problems).contains("has `sizes` but is not read-write"),
+        "{:?}",
+        loaded.problems
+    );
+}
+
+#[tokio::test]
+async fn every_volume_is_a_subvolume_limited_to_its_claim_and_destroyed_whole() {
+    let fs = Btrfs::new().with_quotas();
+    let (_plugins, loaded) = load(&fs.mnt, "");
+    let guest = guest(&loaded);
+    let small = request_of(&guest, "small", 64);
+    let built = guest.provision(&small).await.expect("provision");
+    let dir = fs.mnt.join(&small.pv_name);
+    assert!(SizeBackend::Btrfs.is_volume(open(&dir)).unwrap());
+    let usage = SizeBackend::Btrfs.usage(open(&dir)).unwrap();
+    assert_eq!(usage.max_referenced, Some(64 * MIB));
+
+    // A retry of the same provision adopts the volume it made.
+    guest.provision(&small).await.expect("retry");
+    assert_eq!(SizeBackend::Btrfs.usage(open(&dir)).unwrap().id, usage.id);
+
+    let other = request_of(&guest, "other", 512);
+    let other_built = guest.provision(&other).await.expect("second volume");
+    let other_dir = fs.mnt.join(&other.pv_name);
+
+    let (error, written) = write(&dir.join("fill"), 100 * MIB);
+    let error = error.expect("a write past the limit fails");
+    assert!(is_edquot(&error), "{error}");
+    assert!(
+        written <= 65 * MIB,
+        "wrote {written} bytes into a 64 MiB volume"
+    );
+    let (error, written) = write(&other_dir.join("data"), 100 * MIB);
+    assert!(
+        error.is_none() && written == 100 * MIB,
+        "{error:?} {written}"
+    );
+
+    for i in 0..2_000 {
+        std::fs::write(dir.join(format!("f{i}")), "x").unwrap_or(());
+    }
+    let delete = DeleteRequest {
+        volume: as_volume(&small, &built),
+        storage_class: None,
+        config: guest.grants().config_json.clone(),
+    };
+    guest.delete(&delete).await.expect("delete");
+    assert!(!dir.exists() && !dir.is_symlink());
+    fs.commit();
+    assert!(
+        !btrfs::qgroup_ids(fs.root()).unwrap().contains(&usage.id),
+        "the qgroup 0/{} went with its subvolume",
+        usage.id
+    );
+    let other_volume = as_volume(&other, &other_built);
+    guest
+        .delete(&DeleteRequest {
+            volume: other_volume,
+            storage_class: None,
+            config: guest.grants().config_json.clone(),
+        })
+        .await
+        .expect("delete the second");
+    assert!(!other_dir.exists());
+}
+
+#[tokio::test]
+async fn a_subvolume_the_host_did_not_make_is_never_adopted_or_destroyed() {
+    let fs = Btrfs::new().with_quotas();
+    let (_plugins, loaded) = load(&fs.mnt, "");
+    let guest = guest(&loaded);
+    let req = request_of(&guest, "taken", 64);
+    let planted = fs.mnt.join(&req.pv_name);
+    // An operator's (or anyone's) empty subvolume where the volume would go.
+    drop(
+        SizeBackend::Btrfs
+            .create(fs.root(), &req.pv_name, 32 * MIB)
+            .unwrap(),
+    );
+    let error = guest.provision(&req).await.unwrap_err().to_string();
+    assert!(error.contains("never adopted"), "{error}");
+    assert!(SizeBackend::Btrfs.is_volume(open(&planted)).unwrap());
+    assert_eq!(
+        SizeBackend::Btrfs
+            .usage(open(&planted))
+            .unwrap()
+            .max_referenced,
+        Some(32 * MIB),
+        "its limit untouched"
+    );
+
+    // A delete naming it (a PV that lies about its path) leaves it too.
+    let mut other = request_of(&guest, "liar", 64);
+    let built = guest.provision(&other).await.expect("a volume of its own");
+    other.pv_name = req.pv_name.clone();
+    let mut volume = as_volume(&other, &built);
+    volume.name = "pvc-uid-liar".into();
+    volume.annotations.clear();
+    if let wasm_provisioner::wasm::bindings::types::VolumeSource::HostPath(h) = &mut volume.source {
+        h.path = planted.display().to_string();
+    }
+    let error = guest
+        .delete(&DeleteRequest {
+            volume,
+            storage_class: None,
+            config: guest.grants().config_json.clone(),
+        })
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("never adopted or destroyed"), "{error}");
+    assert!(SizeBackend::Btrfs.is_volume(open(&planted)).unwrap());
+}
