@@ -70,7 +70,7 @@ fn a_directory_that_cannot_enforce_sizes_refuses_its_guest_at_load() {
     guest(&loaded);
     assert_eq!(
         btrfs::quotas(off.root()).unwrap(),
-        wasm_provisioner::sizes::Quotas::On
+        wasm_provisioner::sizes::Quotas::Simple
     );
 
     let refused = PluginsDir::new();

@@ -8,6 +8,7 @@ mod common;
 use std::fs::{self, File};
 use std::io::Read as _;
 use std::path::Path;
+use std::process::Command;
 
 use common::btrfs::{Btrfs, MIB, is_edquot, path, run, write};
 use wasm_provisioner::sizes::{Quotas, SizeBackend, SizeError, btrfs};
@@ -30,11 +31,14 @@ fn probe_finds_btrfs_with_quotas_off_then_enables_them() {
     assert!(matches!(error, SizeError::QuotasOff), "{error:?}");
 
     let probe = SIZES.probe(fs.root(), true).expect("probe enabling quotas");
-    assert_eq!(probe.quotas, Quotas::On);
+    assert_eq!(probe.quotas, Quotas::Simple);
     probe.require().expect("ready");
     // Enabled once, probing again (asked to enable or not) finds them on.
-    assert_eq!(SIZES.probe(fs.root(), false).unwrap().quotas, Quotas::On);
-    assert_eq!(btrfs::quotas(fs.root()).unwrap(), Quotas::On);
+    assert_eq!(
+        SIZES.probe(fs.root(), false).unwrap().quotas,
+        Quotas::Simple
+    );
+    assert_eq!(btrfs::quotas(fs.root()).unwrap(), Quotas::Simple);
 
     // Read-only: quotas on, but no volume can be made there.
     run("mount", &["-o", "remount,ro", path(&fs.mnt)]);
@@ -103,7 +107,7 @@ fn a_limit_is_enforced_and_can_grow() {
 }
 
 #[test]
-fn a_snapshot_carries_the_data_and_a_limit_of_its_own() {
+fn a_snapshot_carries_the_data_and_a_limit_of_its_own_for_what_it_writes() {
     let fs = Btrfs::new().with_quotas();
     let source = SIZES.create(fs.root(), "source", 96 * MIB).expect("create");
     let (error, _) = write(&fs.mnt.join("source/data"), 64 * MIB);
@@ -128,7 +132,10 @@ fn a_snapshot_carries_the_data_and_a_limit_of_its_own() {
     assert_ne!(source_usage.id, copy_usage.id);
     assert_eq!(source_usage.max_referenced, Some(96 * MIB));
     assert_eq!(copy_usage.max_referenced, Some(128 * MIB));
-    assert!(copy_usage.referenced >= 64 * MIB, "{copy_usage:?}");
+    // Simple quotas charge an extent to the subvolume that wrote it, for its whole life: the
+    // shared data stays the source's, the copy starts out holding (almost) nothing.
+    assert!(copy_usage.referenced < MIB, "{copy_usage:?}");
+    assert!(source_usage.referenced >= 64 * MIB, "{source_usage:?}");
 
     // 64 + 40 MiB: over the source's 96 MiB, within the copy's 128 MiB.
     let (error, _) = write(&fs.mnt.join("copy/more"), 40 * MIB);
@@ -156,6 +163,10 @@ fn destroy_removes_the_subvolume_and_its_qgroup() {
     );
     let ids = btrfs::qgroup_ids(fs.root()).unwrap();
     assert!(!ids.contains(&id), "qgroup 0/{id} left behind: {ids:?}");
+    assert!(
+        !ids.contains(&btrfs::volume_qgroup(id)),
+        "qgroup 1/{id} left behind: {ids:?}"
+    );
     // And as btrfs-progs sees it.
     let shown = run("btrfs", &["qgroup", "show", "--raw", path(&fs.mnt)]);
     assert!(
@@ -164,7 +175,7 @@ fn destroy_removes_the_subvolume_and_its_qgroup() {
     );
     assert_eq!(
         btrfs::quotas(fs.root()).unwrap(),
-        Quotas::On,
+        Quotas::Simple,
         "quotas left inconsistent"
     );
 
@@ -249,4 +260,90 @@ fn a_plain_directory_is_not_a_volume() {
     }
     let error = SIZES.create(fs.root(), "zero", 0).expect_err("zero bytes");
     assert!(matches!(error, SizeError::InvalidLimit(0)), "{error:?}");
+}
+
+#[test]
+fn full_mode_quotas_are_refused() {
+    let fs = Btrfs::new();
+    btrfs::enable_full(fs.root()).expect("full quotas");
+    let probe = SIZES.probe(fs.root(), true).expect("probe");
+    assert_eq!(probe.quotas, Quotas::Full);
+    let error = probe.require().expect_err("full mode");
+    assert!(matches!(error, SizeError::FullQuotas), "{error:?}");
+    assert!(error.to_string().contains("simple quotas"), "{error}");
+}
+
+/// Runs `script` with `sh -c` as uid and gid 1000 with no capabilities (a pod's user).
+fn as_tenant(script: &str) -> std::process::Output {
+    Command::new("setpriv")
+        .args([
+            "--reuid=1000",
+            "--regid=1000",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .expect("setpriv (util-linux)")
+}
+
+/// What the kernel lets a pod's user do inside its volume: make subvolumes and snapshots (no
+/// privilege needed). With simple quotas they join the volume's level-1 qgroup, so a write
+/// through them stops at the volume's limit too; destroying the volume takes them along.
+#[test]
+fn a_tenant_cannot_write_past_its_limit_through_a_subvolume_of_its_own() {
+    let fs = Btrfs::new().with_quotas();
+    let volume = SIZES.create(fs.root(), "vol", 32 * MIB).expect("create");
+    let id = SIZES.usage(&volume).unwrap().id;
+    let vol = fs.mnt.join("vol");
+    rustix::fs::fchown(
+        &volume,
+        Some(rustix::fs::Uid::from_raw(1000)),
+        Some(rustix::fs::Gid::from_raw(1000)),
+    )
+    .unwrap();
+    fs::set_permissions(&fs.mnt, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let v = path(&vol);
+    let made = as_tenant(&format!(
+        "btrfs subvolume create {v}/nested && dd if=/dev/zero of={v}/nested/big bs=1M count=100 conv=fsync; \
+         rm -f {v}/nested/big; sync; dd if=/dev/zero of={v}/nested/small bs=1M count=8 conv=fsync && \
+         btrfs subvolume snapshot {v}/nested {v}/snap && dd if=/dev/zero of={v}/snap/more bs=1M count=100 conv=fsync; \
+         ls -l {v} {v}/snap"
+    ));
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&made.stdout),
+        String::from_utf8_lossy(&made.stderr)
+    );
+    println!("as uid 1000 inside the volume:\n{said}");
+    assert!(
+        said.contains("Create subvolume"),
+        "the kernel let the tenant make a subvolume: {said}"
+    );
+    assert!(said.contains("Disk quota exceeded"), "{said}");
+    let size = |p: &Path| fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    assert!(size(&vol.join("snap/more")) + 8 * MIB <= 33 * MIB, "{said}");
+    fs.commit();
+    let usage = SIZES.usage(&volume).unwrap();
+    assert!(
+        usage.referenced <= 33 * MIB,
+        "the volume and what the tenant made in it hold {} bytes",
+        usage.referenced
+    );
+    let nested = btrfs::nested_subvolumes(fs.root(), id).unwrap();
+    assert_eq!(nested.len(), 2, "{nested:?}");
+
+    // Full to its limit, as the tenant left it: deleting still works.
+    drop(volume);
+    SIZES
+        .destroy(fs.root(), "vol")
+        .expect("destroy with what the tenant made inside");
+    assert!(!vol.exists());
+    let ids = btrfs::qgroup_ids(fs.root()).unwrap();
+    for gone in nested.iter().chain([&id, &btrfs::volume_qgroup(id)]) {
+        assert!(!ids.contains(gone), "qgroup {gone:#x} left: {ids:?}");
+    }
 }

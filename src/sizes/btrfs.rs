@@ -31,6 +31,10 @@ const QGROUP_LIMIT_KEY: u32 = 244;
 const STATUS_FLAG_ON: u64 = 1 << 0;
 /// `BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT`: the numbers are wrong until a rescan.
 const STATUS_FLAG_INCONSISTENT: u64 = 1 << 2;
+/// `BTRFS_QGROUP_STATUS_FLAG_SIMPLE_MODE`: simple quotas.
+const STATUS_FLAG_SIMPLE_MODE: u64 = 1 << 3;
+/// A referenced-bytes limit of all ones: no limit (what `btrfs qgroup limit none` sets).
+const NO_LIMIT: u64 = u64::MAX;
 /// `BTRFS_QGROUP_LEVEL_SHIFT`: a qgroup id is `level << 48 | id`; level 0 ids are subvolume ids.
 const QGROUP_LEVEL_SHIFT: u32 = 48;
 
@@ -72,8 +76,9 @@ pub fn quotas(dir: impl AsFd) -> Result<Quotas, SizeError> {
             let flags = items.first().and_then(|item| le64(&item.data, 2));
             Ok(match flags {
                 Some(flags) if flags & STATUS_FLAG_ON == 0 => Quotas::Off,
+                Some(flags) if flags & STATUS_FLAG_SIMPLE_MODE != 0 => Quotas::Simple,
                 Some(flags) if flags & STATUS_FLAG_INCONSISTENT != 0 => Quotas::Inconsistent,
-                Some(_) => Quotas::On,
+                Some(_) => Quotas::Full,
                 None => Quotas::Off,
             })
         }
@@ -117,9 +122,22 @@ pub fn probe(dir: impl AsFd, enable_quotas: bool) -> Result<Probe, SizeError> {
     })
 }
 
-/// `BTRFS_IOC_QUOTA_CTL` with `BTRFS_QUOTA_CTL_ENABLE`, then waits for the rescan the kernel
-/// starts (so usage numbers are right before the first limit is set).
+/// `BTRFS_IOC_QUOTA_CTL` with `BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA`: simple quotas (Linux
+/// 6.7+; `EINVAL` from an older kernel). Simple quotas need no rescan: data written before they
+/// were on is charged to no qgroup, and volumes are made after.
 pub fn enable(dir: impl AsFd) -> Result<(), SizeError> {
+    let dir = dir.as_fd();
+    require_btrfs(dir)?;
+    match ioctl::quota_ctl(dir, ioctl::QUOTA_CTL_ENABLE_SIMPLE) {
+        Err(Errno::PERM) => Err(SizeError::NotPrivileged),
+        other => other.map_err(os("BTRFS_IOC_QUOTA_CTL (enable simple quotas, Linux 6.7+)")),
+    }
+}
+
+/// `BTRFS_IOC_QUOTA_CTL` with `BTRFS_QUOTA_CTL_ENABLE` (full quotas), then waits for the rescan
+/// the kernel starts. Volumes refuse full quotas ([`Quotas::Full`]); this is for tests that
+/// show why.
+pub fn enable_full(dir: impl AsFd) -> Result<(), SizeError> {
     let dir = dir.as_fd();
     require_btrfs(dir)?;
     match ioctl::quota_ctl(dir, ioctl::QUOTA_CTL_ENABLE) {
@@ -127,6 +145,13 @@ pub fn enable(dir: impl AsFd) -> Result<(), SizeError> {
         other => other.map_err(os("BTRFS_IOC_QUOTA_CTL (enable)"))?,
     }
     ioctl::quota_rescan_wait(dir).map_err(os("BTRFS_IOC_QUOTA_RESCAN_WAIT"))
+}
+
+/// The level-1 qgroup `1/<id>` of the volume whose subvolume is `id`: it holds the volume's
+/// limit, and every subvolume made inside the volume joins it (simple quotas), so what they
+/// hold counts against that limit too.
+pub fn volume_qgroup(id: u64) -> u64 {
+    (1 << QGROUP_LEVEL_SHIFT) | id
 }
 
 /// Whether `dir` is the root directory of a btrfs subvolume (inode 256 on btrfs); `false` on
@@ -194,37 +219,40 @@ fn open_child(parent: BorrowedFd<'_>, name: &str) -> Result<OwnedFd, Errno> {
     )
 }
 
-/// Sets the referenced-bytes limit of the subvolume `volume` (its root directory) to `bytes`:
-/// `BTRFS_IOC_QGROUP_LIMIT` on `volume` with its own qgroup id, `0/<id>`, spelled out. (0
-/// would make the kernel take "the subvolume of the fd" too, but an explicit id makes the
-/// check that `volume` is a subvolume, not a directory inside the top level, the only way in.)
-/// Quotas off is `ENOTCONN`.
+/// Sets the limit of the volume whose subvolume `volume` is (its root directory) to `bytes`
+/// referenced bytes: `BTRFS_IOC_QGROUP_LIMIT` on its level-1 qgroup ([`volume_qgroup`]),
+/// spelled out after checking `volume` is a subvolume root (0 would make the kernel take "the
+/// subvolume of the fd", which for a plain directory is its enclosing one). Quotas off is
+/// `ENOTCONN`.
 pub fn set_limit(volume: impl AsFd, bytes: u64) -> Result<(), SizeError> {
     let volume = volume.as_fd();
     let bytes = check_limit(bytes)?;
     let id = subvolume_id(volume)?;
-    match ioctl::qgroup_limit_rfer(volume, id, bytes) {
+    match ioctl::qgroup_limit_rfer(volume, volume_qgroup(id), bytes) {
         Err(Errno::NOTCONN) => Err(SizeError::QuotasOff),
         Err(Errno::PERM) => Err(SizeError::NotPrivileged),
+        Err(Errno::NOENT) => Err(SizeError::NoQgroup { id }),
         other => other.map_err(os("BTRFS_IOC_QGROUP_LIMIT")),
     }
 }
 
-/// Reads the qgroup `0/<id>` of the subvolume `volume`: its referenced and exclusive bytes
+/// Reads the volume's level-1 qgroup: the bytes it and every subvolume made inside it hold
 /// (as of the last transaction commit: `syncfs` first for fresh numbers) and its limit.
 pub fn usage(volume: impl AsFd) -> Result<Usage, SizeError> {
     let volume = volume.as_fd();
     let id = subvolume_id(volume)?;
-    qgroup(volume, id)?.ok_or(SizeError::NoQgroup { id })
+    let usage = qgroup(volume, volume_qgroup(id))?.ok_or(SizeError::NoQgroup { id })?;
+    Ok(Usage { id, ..usage })
 }
 
-/// The qgroup `0/<id>`, or `None` when it does not exist.
-fn qgroup(fd: BorrowedFd<'_>, id: u64) -> Result<Option<Usage>, SizeError> {
-    let search = |kind| match ioctl::tree_search(fd, QUOTA_TREE_OBJECTID, 0, kind, id..=id) {
-        Err(Errno::NOENT) => Err(SizeError::QuotasOff),
-        Err(Errno::PERM) => Err(SizeError::NotPrivileged),
-        other => other.map_err(os("BTRFS_IOC_TREE_SEARCH (qgroup)")),
-    };
+/// The qgroup `qgroupid`, or `None` when it does not exist.
+fn qgroup(fd: BorrowedFd<'_>, qgroupid: u64) -> Result<Option<Usage>, SizeError> {
+    let search =
+        |kind| match ioctl::tree_search(fd, QUOTA_TREE_OBJECTID, 0, kind, qgroupid..=qgroupid) {
+            Err(Errno::NOENT) => Err(SizeError::QuotasOff),
+            Err(Errno::PERM) => Err(SizeError::NotPrivileged),
+            other => other.map_err(os("BTRFS_IOC_TREE_SEARCH (qgroup)")),
+        };
     // struct btrfs_qgroup_info_item { generation, rfer, rfer_cmpr, excl, excl_cmpr } (__le64).
     let Some(info) = search(QGROUP_INFO_KEY)?.into_iter().next() else {
         return Ok(None);
@@ -242,20 +270,19 @@ fn qgroup(fd: BorrowedFd<'_>, id: u64) -> Result<Option<Usage>, SizeError> {
         source: Errno::IO,
     };
     Ok(Some(Usage {
-        id,
+        id: qgroupid & ((1 << QGROUP_LEVEL_SHIFT) - 1),
         referenced: le64(&info.data, 1).ok_or_else(short)?,
         exclusive: le64(&info.data, 3).ok_or_else(short)?,
         max_referenced,
     }))
 }
 
-/// The ids of every level-0 qgroup on the filesystem of `fd` (for tests and audits: a
-/// destroyed volume's id must not be among them).
+/// The ids of every qgroup on the filesystem of `fd`, of any level (`level << 48 | id`; level
+/// 0 ids are subvolume ids), for tests and audits: a destroyed volume's must not be among them.
 pub fn qgroup_ids(fd: impl AsFd) -> Result<Vec<u64>, SizeError> {
     let fd = fd.as_fd();
     require_btrfs(fd)?;
-    let level0_end = (1u64 << QGROUP_LEVEL_SHIFT) - 1;
-    match ioctl::tree_search(fd, QUOTA_TREE_OBJECTID, 0, QGROUP_INFO_KEY, 0..=level0_end) {
+    match ioctl::tree_search(fd, QUOTA_TREE_OBJECTID, 0, QGROUP_INFO_KEY, 0..=u64::MAX) {
         Ok(items) => Ok(items.into_iter().map(|item| item.offset).collect()),
         Err(Errno::NOENT) => Err(SizeError::QuotasOff),
         Err(Errno::PERM) => Err(SizeError::NotPrivileged),
@@ -264,6 +291,38 @@ pub fn qgroup_ids(fd: impl AsFd) -> Result<Vec<u64>, SizeError> {
             source,
         }),
     }
+}
+
+/// The subvolumes made inside subvolume `id` (at any depth), each after those inside it.
+pub fn nested_subvolumes(fd: impl AsFd, id: u64) -> Result<Vec<u64>, SizeError> {
+    let fd = fd.as_fd();
+    let mut found = Vec::new();
+    // Depth-first, children pushed before their parent is: deepest first when reversed.
+    let mut parents = vec![id];
+    while let Some(parent) = parents.pop() {
+        let children = match ioctl::tree_search(
+            fd,
+            ioctl::ROOT_TREE_OBJECTID,
+            parent,
+            ioctl::ROOT_REF_KEY,
+            0..=u64::MAX,
+        ) {
+            Ok(items) => items,
+            Err(Errno::PERM) => return Err(SizeError::NotPrivileged),
+            Err(source) => {
+                return Err(SizeError::Os {
+                    op: "BTRFS_IOC_TREE_SEARCH (subvolume references)",
+                    source,
+                });
+            }
+        };
+        for child in children {
+            found.push(child.offset);
+            parents.push(child.offset);
+        }
+    }
+    found.reverse();
+    Ok(found)
 }
 
 /// Creates the subvolume `name` in `parent` limited to `bytes` referenced bytes, and returns
@@ -297,20 +356,37 @@ pub fn snapshot(
     limit_new(parent, name, bytes)
 }
 
-/// Opens the just-made subvolume `name` and sets its limit; deletes it on any failure.
+/// Opens the just-made subvolume `name`, gives it its level-1 qgroup with the limit
+/// ([`volume_qgroup`]); deletes both again on any failure.
 fn limit_new(parent: BorrowedFd<'_>, name: &str, bytes: u64) -> Result<OwnedFd, SizeError> {
+    let mut group = None;
     let limited = open_child(parent, name)
         .map_err(os("openat (new subvolume)"))
-        .and_then(|volume| set_limit(&volume, bytes).map(|()| volume));
+        .and_then(|volume| {
+            let id = subvolume_id(&volume)?;
+            match ioctl::qgroup_create(parent, volume_qgroup(id)) {
+                Err(Errno::NOTCONN) => return Err(SizeError::QuotasOff),
+                other => other.map_err(os("BTRFS_IOC_QGROUP_CREATE"))?,
+            }
+            group = Some(volume_qgroup(id));
+            ioctl::qgroup_assign(parent, id, volume_qgroup(id))
+                .map_err(os("BTRFS_IOC_QGROUP_ASSIGN"))?;
+            set_limit(&volume, bytes).map(|()| volume)
+        });
     match limited {
         Ok(volume) => Ok(volume),
         Err(error) => {
-            let cleanup = ioctl::snap_destroy(parent, name.as_bytes())
+            let mut cleanup = ioctl::snap_destroy(parent, name.as_bytes())
                 .err()
                 .map(|source| SizeError::Os {
                     op: "BTRFS_IOC_SNAP_DESTROY (cleanup)",
                     source,
                 });
+            if let Some(group) = group
+                && cleanup.is_none()
+            {
+                cleanup = remove_group(parent, group).err();
+            }
             Err(SizeError::LimitFailed {
                 name: name.to_owned(),
                 source: Box::new(error),
@@ -320,10 +396,25 @@ fn limit_new(parent: BorrowedFd<'_>, name: &str, bytes: u64) -> Result<OwnedFd, 
     }
 }
 
-/// Deletes the subvolume `name` in `parent`, contents and all, and its qgroup. Refuses a
-/// plain directory ([`SizeError::NotSubvolume`]).
+/// Removes a volume's level-1 qgroup (its members went with their subvolumes); one already
+/// gone is fine.
+fn remove_group(fd: BorrowedFd<'_>, group: u64) -> Result<(), SizeError> {
+    match ioctl::qgroup_remove(fd, group) {
+        Ok(()) | Err(Errno::NOENT) => Ok(()),
+        Err(source) => Err(SizeError::QgroupLeft {
+            id: group & ((1 << QGROUP_LEVEL_SHIFT) - 1),
+            source,
+        }),
+    }
+}
+
+/// Deletes the subvolume `name` in `parent`, contents and all, with the subvolumes made inside
+/// it (a pod may have made some; the kernel refuses to delete a subvolume that holds another),
+/// deepest first and by id (`BTRFS_IOC_SNAP_DESTROY_V2`, no path a pod could have changed),
+/// and their qgroups and the volume's level-1 qgroup. Refuses a plain directory
+/// ([`SizeError::NotSubvolume`]).
 ///
-/// With quotas on, this waits for the cleaner thread to drop the subvolume
+/// With quotas on, this waits for the cleaner thread to drop each subvolume
 /// (`BTRFS_IOC_SYNC` commits the deletion and wakes the cleaner, then
 /// `BTRFS_IOC_SUBVOL_SYNC_WAIT`): kernels since 2024 (6.18 here) remove the qgroup of a
 /// dropped subvolume themselves, and a level-0 qgroup cannot be removed while its subvolume
@@ -338,10 +429,38 @@ pub fn destroy(parent: impl AsFd, name: &str) -> Result<(), SizeError> {
         let volume = open_child(parent, name).map_err(os("openat (subvolume)"))?;
         subvolume_id(&volume)?
     };
+    let nested = nested_subvolumes(parent, id)?;
     let quotas_on = quotas(parent)? != Quotas::Off;
+    if quotas_on {
+        // Deleting a subvolume reserves metadata charged to its qgroups: a volume its pod
+        // filled to the limit could not be deleted (EDQUOT) with the limit in place.
+        match ioctl::qgroup_limit_rfer(parent, volume_qgroup(id), NO_LIMIT) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(source) => {
+                return Err(SizeError::Os {
+                    op: "BTRFS_IOC_QGROUP_LIMIT (lifting the limit before deleting)",
+                    source,
+                });
+            }
+        }
+    }
+    for inner in &nested {
+        match ioctl::snap_destroy_by_id(parent, *inner) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(source) => {
+                return Err(SizeError::Os {
+                    op: "BTRFS_IOC_SNAP_DESTROY_V2 (a subvolume inside the volume)",
+                    source,
+                });
+            }
+        }
+    }
     ioctl::snap_destroy(parent, raw).map_err(os("BTRFS_IOC_SNAP_DESTROY"))?;
     if quotas_on {
-        drop_qgroup(parent, id)?;
+        for dropped in nested.iter().chain([&id]) {
+            drop_qgroup(parent, *dropped)?;
+        }
+        remove_group(parent, volume_qgroup(id))?;
     }
     Ok(())
 }

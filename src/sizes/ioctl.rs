@@ -28,6 +28,14 @@ const SEARCH_HEADER_SIZE: usize = 32;
 
 /// `BTRFS_QUOTA_CTL_ENABLE`.
 pub(super) const QUOTA_CTL_ENABLE: u64 = 1;
+/// `BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA` (Linux 6.7+).
+pub(super) const QUOTA_CTL_ENABLE_SIMPLE: u64 = 4;
+/// `BTRFS_SUBVOL_SPEC_BY_ID`: `btrfs_ioctl_vol_args_v2` names the subvolume by id.
+const SUBVOL_SPEC_BY_ID: u64 = 1 << 4;
+/// `BTRFS_ROOT_TREE_OBJECTID`: the tree of trees, where subvolumes' references live.
+pub(super) const ROOT_TREE_OBJECTID: u64 = 1;
+/// `BTRFS_ROOT_REF_KEY`: item (parent id, 156, child id), one per subvolume in a subvolume.
+pub(super) const ROOT_REF_KEY: u32 = 156;
 /// `BTRFS_QGROUP_LIMIT_MAX_RFER`: the limit applies to referenced bytes.
 pub(super) const QGROUP_LIMIT_MAX_RFER: u64 = 1;
 /// `BTRFS_SUBVOL_SYNC_WAIT_FOR_ONE`: wait until the cleaner has dropped one subvolume.
@@ -100,6 +108,14 @@ struct QgroupCreateArgs {
     qgroupid: u64,
 }
 
+/// `struct btrfs_ioctl_qgroup_assign_args`.
+#[repr(C)]
+struct QgroupAssignArgs {
+    assign: u64,
+    src: u64,
+    dst: u64,
+}
+
 /// `struct btrfs_qgroup_limit`.
 #[repr(C)]
 struct QgroupLimit {
@@ -134,7 +150,9 @@ const QUOTA_CTL: Opcode = opcode::read_write::<QuotaCtlArgs>(MAGIC, 40);
 const QGROUP_CREATE: Opcode = opcode::write::<QgroupCreateArgs>(MAGIC, 42);
 // `_IOR` in the header although the kernel only reads the struct: the historical number.
 const QGROUP_LIMIT: Opcode = opcode::read::<QgroupLimitArgs>(MAGIC, 43);
+const QGROUP_ASSIGN: Opcode = opcode::write::<QgroupAssignArgs>(MAGIC, 41);
 const QUOTA_RESCAN_WAIT: Opcode = opcode::none(MAGIC, 46);
+const SNAP_DESTROY_V2: Opcode = opcode::write::<VolArgsV2>(MAGIC, 63);
 const SYNC: Opcode = opcode::none(MAGIC, 8);
 const SUBVOL_SYNC_WAIT: Opcode = opcode::write::<SubvolWait>(MAGIC, 65);
 
@@ -147,6 +165,7 @@ impl Arg for SearchArgs {}
 impl Arg for QuotaCtlArgs {}
 impl Arg for QgroupCreateArgs {}
 impl Arg for QgroupLimitArgs {}
+impl Arg for QgroupAssignArgs {}
 impl Arg for SubvolWait {}
 
 /// Issues the btrfs ioctl `OP` with `arg`, which the kernel may read and write in place.
@@ -262,6 +281,40 @@ pub(super) fn subvolume_id_of(fd: BorrowedFd<'_>) -> Result<u64, Errno> {
 pub(super) fn quota_ctl(fd: BorrowedFd<'_>, cmd: u64) -> Result<(), Errno> {
     let mut args = QuotaCtlArgs { cmd, status: 0 };
     call::<QUOTA_CTL, _>(fd, &mut args)
+}
+
+/// `BTRFS_IOC_SNAP_DESTROY_V2` with `BTRFS_SUBVOL_SPEC_BY_ID`: deletes the subvolume `id` of
+/// the filesystem `fd` is on, by id (no path, no name lookup), contents and all.
+pub(super) fn snap_destroy_by_id(fd: BorrowedFd<'_>, id: u64) -> Result<(), Errno> {
+    let mut args = VolArgsV2 {
+        fd: 0,
+        transid: 0,
+        flags: SUBVOL_SPEC_BY_ID,
+        unused: [0; 4],
+        name: [0; SUBVOL_NAME_MAX + 1],
+    };
+    // The name field is a union with `__u64 subvolid`.
+    args.name[..8].copy_from_slice(&id.to_ne_bytes());
+    call::<SNAP_DESTROY_V2, _>(fd, &mut args)
+}
+
+/// `BTRFS_IOC_QGROUP_CREATE` with `create = 1`: a new (higher-level) qgroup `qgroupid`.
+pub(super) fn qgroup_create(fd: BorrowedFd<'_>, qgroupid: u64) -> Result<(), Errno> {
+    let mut args = QgroupCreateArgs {
+        create: 1,
+        qgroupid,
+    };
+    call::<QGROUP_CREATE, _>(fd, &mut args)
+}
+
+/// `BTRFS_IOC_QGROUP_ASSIGN`: makes qgroup `src` a member of qgroup `dst`.
+pub(super) fn qgroup_assign(fd: BorrowedFd<'_>, src: u64, dst: u64) -> Result<(), Errno> {
+    let mut args = QgroupAssignArgs {
+        assign: 1,
+        src,
+        dst,
+    };
+    call::<QGROUP_ASSIGN, _>(fd, &mut args)
 }
 
 /// `BTRFS_IOC_QGROUP_CREATE` with `create = 0`: removes the qgroup `qgroupid`.
@@ -388,7 +441,9 @@ mod tests {
     /// except the few with a 13-bit size, where these structs still fit).
     #[test]
     fn opcodes_match_the_header() {
-        let cases: [(&str, Opcode, u64); 11] = [
+        let cases: [(&str, Opcode, u64); 13] = [
+            ("QGROUP_ASSIGN", QGROUP_ASSIGN, 0x4018_9429),
+            ("SNAP_DESTROY_V2", SNAP_DESTROY_V2, 0x5000_943f),
             ("SYNC", SYNC, 0x0000_9408),
             ("SUBVOL_CREATE", SUBVOL_CREATE, 0x5000_940e),
             ("SNAP_DESTROY", SNAP_DESTROY, 0x5000_940f),
@@ -418,6 +473,7 @@ mod tests {
         assert_eq!(size_of::<QuotaCtlArgs>(), 16);
         assert_eq!(size_of::<QgroupCreateArgs>(), 16);
         assert_eq!(size_of::<QgroupLimitArgs>(), 48);
+        assert_eq!(size_of::<QgroupAssignArgs>(), 24);
         assert_eq!(size_of::<SubvolWait>(), 16);
     }
 

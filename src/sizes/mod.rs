@@ -134,10 +134,14 @@ pub fn open_dir(path: &std::path::Path) -> Result<OwnedFd, SizeError> {
 pub enum Quotas {
     /// Quotas are not enabled: no limit can be set.
     Off,
-    /// Quotas are enabled and their numbers consistent.
-    On,
-    /// Quotas are enabled but marked inconsistent (numbers wrong until a rescan); limits are
-    /// still enforced, against those numbers.
+    /// Simple quotas (Linux 6.7+): each extent is charged to the subvolume that wrote it, and a
+    /// subvolume made inside a volume joins the volume's level-1 qgroup, so its writes count
+    /// against the volume's limit. What volumes need.
+    Simple,
+    /// Full quotas: a subvolume a pod makes inside its volume (allowed without privilege) is
+    /// charged to no limit, so a pod could write past its size. Refused for volumes.
+    Full,
+    /// Full quotas marked inconsistent (numbers wrong until a rescan). Refused like `Full`.
     Inconsistent,
 }
 
@@ -156,8 +160,10 @@ impl Probe {
     /// `Ok` when volumes with limits can be made in the directory; otherwise the first thing
     /// missing, named.
     pub fn require(&self) -> Result<(), SizeError> {
-        if self.quotas == Quotas::Off {
-            return Err(SizeError::QuotasOff);
+        match self.quotas {
+            Quotas::Off => return Err(SizeError::QuotasOff),
+            Quotas::Full | Quotas::Inconsistent => return Err(SizeError::FullQuotas),
+            Quotas::Simple => {}
         }
         if self.read_only {
             return Err(SizeError::ReadOnly);
@@ -194,9 +200,14 @@ pub enum SizeError {
     },
     /// Quotas are not enabled on the filesystem.
     #[error(
-        "btrfs quotas are not enabled on this filesystem (`btrfs quota enable <mount>`, or probe with enable_quotas)"
+        "btrfs quotas are not enabled on this filesystem (`btrfs quota enable --simple <mount>`, or enable-quotas = true in the grant)"
     )]
     QuotasOff,
+    /// Quotas are on in full mode, where a pod can escape its limit.
+    #[error(
+        "btrfs quotas are on in full mode, where a pod escapes its limit by making a subvolume inside its volume (no privilege needed); switch to simple quotas (`btrfs quota disable <mount>`, then `btrfs quota enable --simple <mount>` with btrfs-progs 6.7+, or let the grant's enable-quotas = true do it on a filesystem with quotas off)"
+    )]
+    FullQuotas,
     /// The filesystem is mounted read-only.
     #[error("the filesystem is mounted read-only")]
     ReadOnly,

@@ -73,7 +73,7 @@ impl Btrfs {
         let probe = SizeBackend::Btrfs
             .check(self.root(), true)
             .expect("quotas enabled");
-        assert_eq!(probe.quotas, Quotas::On);
+        assert_eq!(probe.quotas, Quotas::Simple);
         self
     }
 
