@@ -195,3 +195,80 @@ async fn a_subvolume_the_host_did_not_make_is_never_adopted_or_destroyed() {
     assert!(error.contains("never adopted or destroyed"), "{error}");
     assert!(SizeBackend::Btrfs.is_volume(open(&planted)).unwrap());
 }
+
+/// A clone in a size-enforcing directory is a snapshot the host makes of the source volume:
+/// instant whatever its size, with the clone's own limit, taken up by the clone's PV (marked
+/// with its name); a retry finds it, and a delete destroys it.
+#[tokio::test]
+async fn a_clone_is_a_snapshot_with_a_limit_of_its_own() {
+    use wasm_provisioner::wasm::bindings::cloning::CloneSource;
+    let fs = Btrfs::new().with_quotas();
+    let (_plugins, loaded) = load(&fs.mnt, "");
+    let guest = guest(&loaded);
+    let source_req = request_of(&guest, "db", 64);
+    let source_built = guest.provision(&source_req).await.expect("source");
+    let source_dir = fs.mnt.join(&source_req.pv_name);
+    let (error, _) = write(&source_dir.join("rows"), 48 * MIB);
+    assert!(error.is_none(), "{error:?}");
+    std::os::unix::fs::symlink("rows", source_dir.join("latest")).unwrap();
+    let source = CloneSource {
+        namespace: "ns".into(),
+        name: "db".into(),
+        uid: "uid-db".into(),
+        volume: as_volume(&source_req, &source_built),
+    };
+    let copy_req = request_of(&guest, "copy", 96);
+    let built = guest
+        .provision_clone(&copy_req, &source)
+        .await
+        .expect("clone");
+    let copy_dir = fs.mnt.join(&copy_req.pv_name);
+    assert!(SizeBackend::Btrfs.is_volume(open(&copy_dir)).unwrap());
+    assert_eq!(
+        std::fs::read(copy_dir.join("rows")).unwrap(),
+        std::fs::read(source_dir.join("rows")).unwrap()
+    );
+    assert_eq!(
+        std::fs::read_link(copy_dir.join("latest")).unwrap(),
+        Path::new("rows")
+    );
+    let usage = SizeBackend::Btrfs.usage(open(&copy_dir)).unwrap();
+    assert_eq!(
+        usage.max_referenced,
+        Some(96 * MIB),
+        "the clone's own limit"
+    );
+    assert_ne!(
+        usage.id,
+        SizeBackend::Btrfs.usage(open(&source_dir)).unwrap().id
+    );
+    // The shared 48 MiB stay charged to the source (simple quotas): the clone's own 96 MiB
+    // take 90 MiB more, not 100.
+    let (error, _) = write(&copy_dir.join("more"), 90 * MIB);
+    assert!(error.is_none(), "{error:?}");
+    let (error, _) = write(&copy_dir.join("past"), 10 * MIB);
+    assert!(error.is_some_and(|e| is_edquot(&e)));
+    assert!(
+        !fs.mnt
+            .join(format!(".{}.cloning", copy_req.pv_name))
+            .exists()
+    );
+
+    guest
+        .provision_clone(&copy_req, &source)
+        .await
+        .expect("a retry finds the finished clone");
+    guest
+        .delete(&DeleteRequest {
+            volume: as_volume(&copy_req, &built),
+            storage_class: None,
+            config: guest.grants().config_json.clone(),
+        })
+        .await
+        .expect("delete the clone");
+    assert!(!copy_dir.exists());
+    assert_eq!(
+        std::fs::metadata(source_dir.join("rows")).unwrap().len(),
+        48 * MIB
+    );
+}

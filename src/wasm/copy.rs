@@ -35,6 +35,8 @@ use rustix::io::Errno;
 use super::grants::Grants;
 use super::guest_path::{self, DIRECTORY, GuestPathError, explain};
 use super::ownership::IdRange;
+use super::sized;
+use crate::sizes::SizeBackend;
 
 /// Bytes one `copy_file_range` (or read and write) moves before the deadline is looked at again.
 const CHUNK: usize = 16 << 20;
@@ -55,6 +57,9 @@ pub struct Copied {
     /// Entries whose granted owner the filesystem would not let the host give (an NFS export
     /// that squashes root, a host without `CAP_CHOWN`): they belong to the host's user.
     pub owners_not_kept: u64,
+    /// The copy is a snapshot of the source volume the host made (a size-enforcing directory):
+    /// instant and whole, the counts above not counted.
+    pub snapshot: bool,
 }
 
 /// Why a copy was refused or stopped; the partial copy is the guest's to remove.
@@ -154,6 +159,8 @@ impl Owners {
 pub struct Resolved {
     source: OwnedFd,
     target_parent: OwnedFd,
+    /// How the target's granted directory enforces sizes, if it does.
+    target_sizes: Option<SizeBackend>,
     target_name: String,
     source_path: String,
     target_path: String,
@@ -164,12 +171,14 @@ pub struct Resolved {
 pub fn resolve(grants: &Grants, source: &str, target: &str) -> Result<Resolved, CopyError> {
     let (target_parent, target_name) = guest_path::split(target)?;
     let opened_source = guest_path::open_dir(grants, source, false)?.dir;
-    let opened_parent = guest_path::open_dir(grants, target_parent, true)
-        .map_err(|error| error.naming(target))?
-        .dir;
+    let opened_parent =
+        guest_path::open_dir(grants, target_parent, true).map_err(|error| error.naming(target))?;
+    let target_sizes = opened_parent.grant.sizes;
+    let opened_parent = opened_parent.dir;
     Ok(Resolved {
         source: opened_source,
         target_parent: opened_parent,
+        target_sizes,
         target_name: target_name.to_owned(),
         source_path: source.to_owned(),
         target_path: target.to_owned(),
@@ -218,6 +227,7 @@ pub fn copy(
     let Resolved {
         source,
         target_parent,
+        target_sizes,
         target_name,
         source_path,
         target_path,
@@ -226,19 +236,42 @@ pub fn copy(
         path: target_path.clone(),
         message: explain(errno),
     };
-    rustix::fs::mkdirat(
-        &target_parent,
-        target_name.as_str(),
-        Mode::from_raw_mode(0o700),
-    )
-    .map_err(made)?;
-    let target = rustix::fs::openat(
-        &target_parent,
-        target_name.as_str(),
-        DIRECTORY,
-        Mode::empty(),
-    )
-    .map_err(made)?;
+    let target = match target_sizes {
+        // Where sizes are enforced, the host made volume is the copy itself: a snapshot of a
+        // source volume (instant, whole), or a new one the entries are copied into.
+        Some(backend) => {
+            match sized::copy_volume(backend, &source, &target_parent, &target_name).map_err(
+                |error| CopyError::Open {
+                    path: target_path.clone(),
+                    message: error.to_string(),
+                },
+            )? {
+                sized::CopyVolume::Snapshot => {
+                    return Ok(Copied {
+                        entries: 1,
+                        snapshot: true,
+                        ..Copied::default()
+                    });
+                }
+                sized::CopyVolume::Empty(volume) => volume,
+            }
+        }
+        None => {
+            rustix::fs::mkdirat(
+                &target_parent,
+                target_name.as_str(),
+                Mode::from_raw_mode(0o700),
+            )
+            .map_err(made)?;
+            rustix::fs::openat(
+                &target_parent,
+                target_name.as_str(),
+                DIRECTORY,
+                Mode::empty(),
+            )
+            .map_err(made)?
+        }
+    };
     drop(target_parent);
     let stat = rustix::fs::fstat(&target).map_err(made)?;
     let mut copy = Copy {

@@ -119,6 +119,7 @@ fn files_directories_links_and_modes_are_copied_and_links_never_followed() {
             links: 2,
             skipped: 1,
             owners_not_kept: 0,
+            snapshot: false,
         }
     );
     std::fs::set_permissions(

@@ -345,6 +345,7 @@ impl From<copy::Copied> for host::Copied {
             links: done.links,
             skipped: done.skipped,
             owners_not_kept: done.owners_not_kept,
+            snapshot: done.snapshot,
         }
     }
 }

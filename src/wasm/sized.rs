@@ -9,7 +9,10 @@
 //!   ─ a volume marked with this PV's name (a retry) ─▶ its limit set again, adopted
 //!   ─ anything else (a directory with entries, a volume not marked for this PV) ─▶ refused,
 //!       untouched
-//! host.destroy-volume(path, pv) ─ a volume marked with `pv` ─▶ destroyed whole (no walk)
+//! host.copy-tree into such a directory ─▶ the copy is a volume marked `(copy)`: a snapshot of
+//!   a source volume (instant, whole) or a new volume the entries are copied into; the PV whose
+//!   path it then is adopts it (marks it with its name, sets its limit)
+//! host.destroy-volume(path, pv) ─ a volume marked with `pv` or `(copy)` ─▶ destroyed whole (no walk)
 //!                               ─ a plain directory, a link, nothing ─▶ false: the guest removes it
 //!                               ─ a volume not marked for `pv` ─▶ refused, untouched
 //! ```
@@ -34,6 +37,68 @@ use crate::sizes::{SizeBackend, SizeError};
 
 /// The extended attribute that marks a volume the host made, holding its PV's name.
 pub const MARK: &str = "trusted.wasm-provisioner.volume";
+/// The mark of a volume `copy-tree` made for a clone, not yet any PV's: the first PV whose path
+/// it is adopts it (and marks it with its name). No PV name has parentheses.
+pub const COPIED: &str = "(copy)";
+
+/// What [`copy_volume`] made.
+#[derive(Debug)]
+pub enum CopyVolume {
+    /// A snapshot of the source volume: the copy is complete.
+    Snapshot,
+    /// A new, empty volume (the source is a plain directory): the entries go into it.
+    Empty(OwnedFd),
+}
+
+/// The copy of `source` at `name` in `parent` (in a size-enforcing directory): a snapshot when
+/// `source` is a volume (a subvolume) on the same filesystem, else a new empty volume; marked
+/// [`COPIED`]. Its limit until a PV adopts it is the source's (or 1 TiB): [`make`] sets the PV's.
+pub fn copy_volume(
+    backend: SizeBackend,
+    source: &OwnedFd,
+    parent: &OwnedFd,
+    name: &str,
+) -> Result<CopyVolume, SizeError> {
+    const UNTIL_ADOPTED: u64 = 1 << 40;
+    // One filesystem (a snapshot cannot cross one; subvolumes have devices of their own, so
+    // the filesystem id tells, not st_dev).
+    let fsid = |fd: &OwnedFd| rustix::fs::fstatvfs(fd).map(|s| s.f_fsid).ok();
+    let snapshot = backend.is_volume(source)? && fsid(source) == fsid(parent);
+    let (volume, made) = if snapshot {
+        let limit = backend
+            .usage(source)
+            .ok()
+            .and_then(|usage| usage.max_referenced)
+            .unwrap_or(UNTIL_ADOPTED);
+        (
+            backend.snapshot(source, parent, name, limit)?,
+            CopyVolume::Snapshot,
+        )
+    } else {
+        let volume = backend.create(parent, name, UNTIL_ADOPTED)?;
+        let again = rustix::fs::openat(
+            &volume,
+            ".",
+            DIRECTORY.difference(OFlags::NOFOLLOW),
+            Mode::empty(),
+        )
+        .map_err(|source| SizeError::Os {
+            op: "openat (new volume)",
+            source,
+        })?;
+        (volume, CopyVolume::Empty(again))
+    };
+    let marked = rustix::fs::fsetxattr(&volume, MARK, COPIED.as_bytes(), XattrFlags::CREATE);
+    if let Err(source) = marked {
+        drop(volume);
+        let _ = backend.destroy(parent, name);
+        return Err(SizeError::Os {
+            op: "fsetxattr (mark)",
+            source,
+        });
+    }
+    Ok(made)
+}
 
 /// Why a volume with an enforced size could not be made, or destroyed.
 #[derive(Debug, thiserror::Error)]
@@ -114,11 +179,19 @@ pub fn make(
         Ok(_) => {
             let dir = rustix::fs::openat(parent, name, DIRECTORY, Mode::empty()).map_err(os)?;
             if backend.is_volume(&dir).map_err(size)? {
-                if marked_for(&dir).map_err(os)?.as_deref() != Some(pv) {
-                    return Err(SizedError::NotOurs {
-                        path: shown.to_owned(),
-                        pv: pv.to_owned(),
-                    });
+                match marked_for(&dir).map_err(os)?.as_deref() {
+                    Some(mark) if mark == pv => {}
+                    // A clone's copy (`copy-tree`) taken up by the PV it was made for.
+                    Some(COPIED) => {
+                        rustix::fs::fsetxattr(&dir, MARK, pv.as_bytes(), XattrFlags::REPLACE)
+                            .map_err(os)?;
+                    }
+                    _ => {
+                        return Err(SizedError::NotOurs {
+                            path: shown.to_owned(),
+                            pv: pv.to_owned(),
+                        });
+                    }
                 }
                 backend.set_limit(&dir, bytes).map_err(size)?;
                 return Ok(dir);
@@ -207,7 +280,8 @@ pub fn destroy(grants: &Grants, path: &str, pv: &str) -> Result<bool, SizedError
     if !backend.is_volume(&dir).map_err(size)? {
         return Ok(false);
     }
-    if marked_for(&dir).map_err(os)?.as_deref() != Some(pv) {
+    let mark = marked_for(&dir).map_err(os)?;
+    if mark.as_deref() != Some(pv) && mark.as_deref() != Some(COPIED) {
         return Err(SizedError::NotOurs {
             path: path.to_owned(),
             pv: pv.to_owned(),

@@ -126,7 +126,7 @@ impl Provisioner for Hostpath {
         // A clone's copy cut short (its call ended before the rename) goes with the volume.
         let staging = dirs::clone_staging(&guest_path, &volume.name);
         if dirs::present(&config.guest_dir, &staging)? {
-            dirs::remove(&staging)?;
+            dirs::remove_volume(&config.guest_dir, &staging, &volume.name)?;
         }
         // Looked for from the granted directory, which must be there: "gone" only when it is.
         if !dirs::present(&config.guest_dir, &guest_path)? {

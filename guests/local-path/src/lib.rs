@@ -136,14 +136,15 @@ impl Provisioner for LocalPath {
         // node that no longer exists is the controller's to handle (`--node-deployment`
         // deletes its PVs without cleanup after `--node-gone-grace`), not a guess of ours.
         let guest_path = config.guest_path(target.node.as_deref(), &target.path);
-        // A clone's copy cut short (its call ended before the rename) goes with the volume.
-        if dirs::remove(&dirs::clone_staging(&guest_path, &volume.name))? {
-            host.info("deleted a cut-short clone copy", &fields);
-        }
         let parent = match guest_path.rsplit_once('/') {
             Some((parent, _)) if !parent.is_empty() => parent,
             _ => "/",
         };
+        // A clone's copy cut short (its call ended before the rename) goes with the volume.
+        let staging = dirs::clone_staging(&guest_path, &volume.name);
+        if dirs::remove_volume(parent, &staging, &volume.name)? {
+            host.info("deleted a cut-short clone copy", &fields);
+        }
         if dirs::remove_volume(parent, &guest_path, &volume.name)? {
             host.info("deleted local path", &fields);
         } else {

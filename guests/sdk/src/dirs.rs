@@ -38,6 +38,9 @@ pub struct Copied {
     /// Entries whose granted owner the filesystem would not let the host give (an NFS export
     /// that squashes root): they belong to the host's user.
     pub owners_not_kept: u64,
+    /// The copy is a snapshot the host made of the source volume (a size-enforcing grant
+    /// directory): instant and whole, the counts above not counted.
+    pub snapshot: bool,
 }
 
 impl Copied {
@@ -51,6 +54,7 @@ impl Copied {
             ("links", self.links),
             ("skipped", self.skipped),
             ("owners-not-kept", self.owners_not_kept),
+            ("snapshot", u64::from(self.snapshot)),
         ]
         .map(|(key, value)| (key, value.to_string()));
         let mut fields = about.to_vec();
@@ -200,6 +204,7 @@ pub fn copy_tree(
                 links: done.links,
                 skipped: done.skipped,
                 owners_not_kept: done.owners_not_kept,
+                snapshot: done.snapshot,
             })
             .map_err(final_error)
     }
@@ -263,14 +268,17 @@ pub fn clone_into(
     deadline: std::time::Instant,
 ) -> Result<Copied, ProvisionError> {
     let staging = clone_staging(target, pv);
-    if let Some((parent, _)) = staging.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
-        create(parent)?;
-    }
-    remove(&staging)?;
+    let parent = match staging.rsplit_once('/') {
+        Some((parent, _)) if !parent.is_empty() => parent,
+        _ => "/",
+    };
+    create(parent)?;
+    // The staging directory may be a volume the host made (a size-enforcing directory).
+    remove_volume(parent, &staging, pv)?;
     let copied = match copy_tree(from, &staging, deadline) {
         Ok(copied) => copied,
         Err(error) => {
-            remove(&staging)?;
+            remove_volume(parent, &staging, pv)?;
             return Err(error);
         }
     };
@@ -332,8 +340,8 @@ mod tests {
         assert_eq!(
             host.logs(),
             [
-                "LogLevel::Info cloned pv=pvc-1 entries=3 bytes=0 links=1 skipped=0 owners-not-kept=0",
-                "LogLevel::Warn cloned; the filesystem would not let the host keep some owners pv=pvc-2 entries=3 bytes=0 links=1 skipped=0 owners-not-kept=2",
+                "LogLevel::Info cloned pv=pvc-1 entries=3 bytes=0 links=1 skipped=0 owners-not-kept=0 snapshot=0",
+                "LogLevel::Warn cloned; the filesystem would not let the host keep some owners pv=pvc-2 entries=3 bytes=0 links=1 skipped=0 owners-not-kept=2 snapshot=0",
             ]
         );
     }
