@@ -35,6 +35,7 @@ const CASES: &[&str] = &[
     "a_non_root_pod_writes_into_a_local_path_volume_its_class_gives_it",
     "leader_failover_with_real_pods",
     "node_daemonset_provisions_for_the_pod_the_scheduler_placed",
+    "a_pod_cannot_write_past_its_claims_size_on_btrfs",
     "two_node_runs_one_after_the_other_leave_nothing_behind",
 ];
 
@@ -137,6 +138,9 @@ fn run_cases(selected: &[&str]) -> Vec<(&'static str, Result<(), String>)> {
                     "leader_failover_with_real_pods" => leader_failover(&mut world).await,
                     "node_daemonset_provisions_for_the_pod_the_scheduler_placed" => {
                         node_daemonset(&mut world).await
+                    }
+                    "a_pod_cannot_write_past_its_claims_size_on_btrfs" => {
+                        enforced_sizes(&mut world).await
                     }
                     "two_node_runs_one_after_the_other_leave_nothing_behind" => {
                         nothing_left_behind(&mut world, &before, images.path()).await
@@ -634,6 +638,105 @@ parameters: {{ userPattern: "1000", groupPattern: "1000", permPattern: "0700" }}
     .await?;
     world.remove_deployment("local-path").await?;
     world.assert_no_forbidden()
+}
+
+/// (f2) Enforced sizes on the real node: deploy/node/ with the lines it marks `with sizes`
+/// (the grant's `sizes = "btrfs"` and `enable-quotas`, the container's SYS_ADMIN), its node
+/// directory a btrfs the test makes on a loop file (quotas off: the grant turns simple ones
+/// on). A pod writing 100 MiB into a 64 Mi claim gets "Disk quota exceeded" having written at
+/// most 65 MiB; a pod of a second claim on the same filesystem writes its 32 MiB; deleting the
+/// claims removes their subvolumes and qgroups.
+async fn enforced_sizes(world: &mut NodeCluster) -> anyhow::Result<()> {
+    use std::os::fd::AsFd as _;
+    use wasm_provisioner::sizes::{SizeBackend, btrfs};
+    let fs = common::btrfs::Btrfs::new();
+    world
+        .apply_kustomization_at(
+            &repo().join("deploy/node"),
+            &fs.mnt,
+            &wp_harness::with_sizes,
+        )
+        .await?;
+    world.wait_daemonset_ready("wasm-provisioner-node").await?;
+    for claim in ["sized", "sized-b"] {
+        world
+            .create_claim_of("default", claim, "hostpath-local", None, "64Mi")
+            .await?;
+    }
+    world
+        .run_pod(
+            "filler",
+            "sized",
+            "dd if=/dev/zero of=/data/big bs=1M count=100 conv=fsync 2>&1 | grep -i quota; \
+             stat -c %s /data/big",
+        )
+        .await?;
+    let said = world.pod_output("default", "filler")?;
+    let written: u64 = said
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .with_context(|| format!("the filler printed {said:?}"))?;
+    ensure!(
+        said.to_lowercase().contains("quota exceeded") && written <= 65 << 20,
+        "a pod wrote {written} bytes into a 64 Mi claim: {said:?}"
+    );
+    world
+        .run_pod(
+            "neighbour",
+            "sized-b",
+            "dd if=/dev/zero of=/data/f bs=1M count=32 conv=fsync 2>/dev/null; stat -c %s /data/f",
+        )
+        .await?;
+    ensure!(
+        world.pod_output("default", "neighbour")? == (32u64 << 20).to_string(),
+        "the second claim on the filesystem was affected"
+    );
+    let mut volumes = Vec::new();
+    for claim in ["sized", "sized-b"] {
+        let pv = world.wait_bound("default", claim).await?;
+        let path = std::path::PathBuf::from(
+            pv.spec
+                .as_ref()
+                .and_then(|s| s.host_path.as_ref())
+                .map(|h| h.path.clone())
+                .context("a hostPath PV")?,
+        );
+        ensure!(
+            path.starts_with(&fs.mnt),
+            "{} is not on the btrfs",
+            path.display()
+        );
+        let usage = SizeBackend::Btrfs.usage(std::fs::File::open(&path)?)?;
+        ensure!(
+            usage.max_referenced == Some(64 << 20),
+            "{}: {usage:?}",
+            path.display()
+        );
+        volumes.push((claim, pv, path, usage.id));
+    }
+    println!(
+        "enforced sizes: a pod stopped at {:.1} MiB in a 64 Mi claim ({}); its neighbour wrote 32 MiB",
+        written as f64 / f64::from(1 << 20),
+        said.lines().next().unwrap_or_default().trim()
+    );
+    world.delete_pod("default", "filler").await?;
+    world.delete_pod("default", "neighbour").await?;
+    for (claim, pv, path, _) in &volumes {
+        world
+            .delete_claim_and_wait_gone("default", claim, pv, path)
+            .await?;
+    }
+    fs.commit();
+    let left = btrfs::qgroup_ids(fs.root().as_fd())?;
+    for (_, _, _, id) in &volumes {
+        ensure!(
+            !left.contains(id) && !left.contains(&btrfs::volume_qgroup(*id)),
+            "qgroups of subvolume {id} left: {left:?}"
+        );
+    }
+    world.assert_no_forbidden()?;
+    world.remove_daemonset("wasm-provisioner-node").await
 }
 
 /// Fails unless the volume directory at `path` is the tenant's (uid and gid 1000) with mode 0700.

@@ -57,6 +57,30 @@ pub fn render_with_node_dir(dir: &Path, node_dir: &Path) -> anyhow::Result<Strin
     })
 }
 
+/// The shipped manifests' text with enforced sizes switched on as their comments say: every
+/// line marked `# with sizes` uncommented, every line marked `# without sizes` commented out.
+pub fn with_sizes(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let indent = &line[..line.len() - line.trim_start().len()];
+        let body = line.trim_start();
+        if body.ends_with("# with sizes")
+            && let Some(active) = body.strip_prefix("# ")
+        {
+            out.push_str(indent);
+            out.push_str(active);
+        } else if body.ends_with("# without sizes") {
+            out.push_str(indent);
+            out.push_str("# ");
+            out.push_str(body);
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// A local control plane and a node on it.
 pub struct NodeCluster {
     pub cp: ControlPlane,
@@ -108,6 +132,22 @@ impl NodeCluster {
     /// `kubectl apply -k <dir>` with the overlay that moves the node directory.
     pub async fn apply_kustomization(&self, dir: &Path) -> anyhow::Result<()> {
         let yaml = render_with_node_dir(dir, &self.storage_dir)?;
+        create_or_merge_yaml(&self.admin, &yaml)
+            .await
+            .with_context(|| format!("applying {}", dir.display()))
+    }
+
+    /// `kubectl apply -k <dir>` with the node directory at `node_dir` and `edit` applied to
+    /// every file (e.g. [`with_sizes`]).
+    pub async fn apply_kustomization_at(
+        &self,
+        dir: &Path,
+        node_dir: &Path,
+        edit: &dyn Fn(&str) -> String,
+    ) -> anyhow::Result<()> {
+        let shipped = SHIPPED_NODE_DIR;
+        let node_dir = node_dir.display().to_string();
+        let yaml = render_kustomization(dir, &|text| edit(&text.replace(shipped, &node_dir)))?;
         create_or_merge_yaml(&self.admin, &yaml)
             .await
             .with_context(|| format!("applying {}", dir.display()))
@@ -226,6 +266,19 @@ impl NodeCluster {
         class: &str,
         source: Option<&str>,
     ) -> anyhow::Result<()> {
+        self.create_claim_of(namespace, name, class, source, "1Gi")
+            .await
+    }
+
+    /// [`NodeCluster::create_claim_from`] asking for `size` (a quantity).
+    pub async fn create_claim_of(
+        &self,
+        namespace: &str,
+        name: &str,
+        class: &str,
+        source: Option<&str>,
+        size: &str,
+    ) -> anyhow::Result<()> {
         let data_source =
             source.map(|source| json!({"kind": "PersistentVolumeClaim", "name": source}));
         let claim: PersistentVolumeClaim = serde_json::from_value(json!({
@@ -233,7 +286,7 @@ impl NodeCluster {
             "spec": {
                 "storageClassName": class,
                 "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": "1Gi"}},
+                "resources": {"requests": {"storage": size}},
                 "dataSource": data_source,
             },
         }))?;
@@ -388,6 +441,19 @@ impl NodeCluster {
         pv: &PersistentVolume,
     ) -> anyhow::Result<()> {
         let path = self.host_path_of(pv)?;
+        self.delete_claim_and_wait_gone(namespace, claim, pv, &path)
+            .await
+    }
+
+    /// [`NodeCluster::delete_claim_and_wait_storage`] for a volume at `path`, wherever on the
+    /// node it lies.
+    pub async fn delete_claim_and_wait_gone(
+        &self,
+        namespace: &str,
+        claim: &str,
+        pv: &PersistentVolume,
+        path: &Path,
+    ) -> anyhow::Result<()> {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.admin.clone(), namespace);
         claims.delete(claim, &DeleteParams::default()).await?;
         let pvs: Api<PersistentVolume> = Api::all(self.admin.clone());

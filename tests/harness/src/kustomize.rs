@@ -191,6 +191,45 @@ mod tests {
         assert!(class["metadata"].get("namespace").is_none());
     }
 
+    /// deploy/node's marked lines switch enforced sizes on: the grant gets `sizes` and
+    /// `enable-quotas`, the container SYS_ADMIN besides its three capabilities, and nothing else
+    /// changes; as shipped, neither.
+    #[test]
+    fn sizes_are_switched_on_by_the_lines_deploy_node_marks() {
+        let render = |edit: &dyn Fn(&str) -> String| {
+            let yaml = render_kustomization(&repo().join("deploy/node"), edit).unwrap();
+            let objects: Vec<Value> = serde_yaml::Deserializer::from_str(&yaml)
+                .map(|d| Value::deserialize(d).unwrap())
+                .collect();
+            let grant =
+                objects.iter().find(|o| o["kind"] == "ConfigMap").unwrap()["data"]["hostpath.toml"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned();
+            let daemonset = objects.iter().find(|o| o["kind"] == "DaemonSet").unwrap();
+            let added = daemonset["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+                ["capabilities"]["add"]
+                .clone();
+            (grant, added)
+        };
+        let (grant, added) = render(&|text| text.to_string());
+        assert!(!grant.lines().any(|l| l.starts_with("sizes")), "{grant}");
+        assert_eq!(
+            added,
+            serde_yaml::from_str::<Value>(r#"["CHOWN", "FOWNER", "DAC_OVERRIDE"]"#).unwrap()
+        );
+        let (grant, added) = render(&|text| crate::cluster::with_sizes(text));
+        assert!(
+            grant.contains("\nsizes = \"btrfs\"") && grant.contains("\nenable-quotas = true"),
+            "{grant}"
+        );
+        assert_eq!(
+            added,
+            serde_yaml::from_str::<Value>(r#"["CHOWN", "FOWNER", "DAC_OVERRIDE", "SYS_ADMIN"]"#)
+                .unwrap()
+        );
+    }
+
     #[test]
     fn the_edit_reaches_resources_and_generated_files() {
         let yaml = render_kustomization(&repo().join("deploy/node"), &|text| {

@@ -32,7 +32,9 @@ mod wait;
 pub use apply::{RBAC_YAML, apply_yaml, create_or_merge_yaml};
 pub use binaries::{BIN_DIR_ENV, Binaries, default_bin_dir};
 pub use cgroup::{CgroupVersion, MemoryCgroup};
-pub use cluster::{NodeCluster, SHIPPED_NODE_DIR, build_images, pinned_to, render_with_node_dir};
+pub use cluster::{
+    NodeCluster, SHIPPED_NODE_DIR, build_images, pinned_to, render_with_node_dir, with_sizes,
+};
 pub use control_plane::{
     ATTACH_KUBECONFIG_ENV, ControlPlane, KEEP_RUN_DIR_ENV, RESTRICTED_IDENTITIES,
 };
