@@ -10,7 +10,9 @@
 //!   PVs of a static pool (part `foreign`: run it alone, so that the cluster holds only those);
 //! * start-up: process start to "controller started".
 //!
-//! `WP_BENCH_BINARY` runs another build of the provisioner. `WP_BENCH_DELAY_MS` (default 0) puts the provisioners that many milliseconds (one way) from the API server, through `wp_harness::LatencyProxy`. `WP_BENCH_GO_BINARY` names a build of
+//! `WP_BENCH_SIZES=1` adds runs of ours on a btrfs grant directory with `sizes = "btrfs"` (every
+//! volume a subvolume limited to its claim; a loop-mounted image per run; root), alternating with
+//! the plain runs, for the cost of enforced sizes. `WP_BENCH_BINARY` runs another build of the provisioner. `WP_BENCH_DELAY_MS` (default 0) puts the provisioners that many milliseconds (one way) from the API server, through `wp_harness::LatencyProxy`. `WP_BENCH_GO_BINARY` names a build of
 //! `sig-storage-lib-external-provisioner`'s hostpath example taking `-kubeconfig`,
 //! `-kube-api-qps`, `-kube-api-burst`, `-worker-threads`, `-leader-elect` and `-pv-dir` (see
 //! docs/benchmarks.md): when set, throughput runs it on the same control plane, its runs
@@ -161,6 +163,9 @@ roleRef:
 #[derive(Clone, Copy, PartialEq)]
 enum Side {
     Ours,
+    /// Ours with its volumes on a btrfs grant directory with `sizes = "btrfs"`
+    /// (`WP_BENCH_SIZES=1`; root).
+    OursSized,
     Go,
 }
 
@@ -168,6 +173,7 @@ impl Side {
     fn label(self) -> &'static str {
         match self {
             Side::Ours => "wasm-provisioner",
+            Side::OursSized => "wasm-provisioner, enforced sizes (btrfs)",
             Side::Go => "Go library",
         }
     }
@@ -175,7 +181,7 @@ impl Side {
     /// The provisioner name its StorageClass names.
     fn provisioner(self) -> &'static str {
         match self {
-            Side::Ours => PROVISIONER,
+            Side::Ours | Side::OursSized => PROVISIONER,
             Side::Go => GO_PROVISIONER,
         }
     }
@@ -183,7 +189,7 @@ impl Side {
     /// (QPS, burst) this side runs with in `p`.
     fn budget(self, p: &Profile) -> (f64, u32) {
         match self {
-            Side::Ours => (p.qps, p.burst),
+            Side::Ours | Side::OursSized => (p.qps, p.burst),
             Side::Go => p.go.unwrap_or((p.qps, p.burst)),
         }
     }
@@ -191,7 +197,7 @@ impl Side {
     /// What its log says once its caches have synced and it works.
     fn ready_marker(self) -> &'static str {
         match self {
-            Side::Ours => "caches synced; ready",
+            Side::Ours | Side::OursSized => "caches synced; ready",
             Side::Go => "Started provisioner controller",
         }
     }
@@ -450,7 +456,7 @@ fn spread(values: &[Duration]) -> [Duration; 3] {
     ]
 }
 
-fn plugins_with(dir: &Path, storage: &Path, names: &[&str]) {
+fn plugins_with(dir: &Path, storage: &Path, names: &[&str], sized: bool) {
     for (i, name) in names.iter().enumerate() {
         let provisioner = if i == 0 {
             PROVISIONER.to_string()
@@ -462,11 +468,15 @@ fn plugins_with(dir: &Path, storage: &Path, names: &[&str]) {
             dir.join(format!("{name}.wasm")),
         )
         .unwrap();
-        std::fs::write(
-            dir.join(format!("{name}.toml")),
-            common::dir_grant(&provisioner, storage, "/volumes", ""),
-        )
-        .unwrap();
+        let mut grant = common::dir_grant(&provisioner, storage, "/volumes", "");
+        if sized {
+            grant = grant.replacen(
+                "access = \"read-write\"\n",
+                "access = \"read-write\"\nsizes = \"btrfs\"\n",
+                1,
+            );
+        }
+        std::fs::write(dir.join(format!("{name}.toml")), grant).unwrap();
     }
 }
 
@@ -531,10 +541,13 @@ async fn provision_run(
     tag: &str,
     side: Side,
 ) -> anyhow::Result<Provisioned> {
-    let storage = tempfile::tempdir()?;
+    let plain = tempfile::tempdir()?;
+    let sized = (side == Side::OursSized).then(|| common::btrfs::Btrfs::new().with_quotas());
+    let storage = sized.as_ref().map_or(plain.path(), |fs| fs.mnt.as_path());
     let plugins = tempfile::tempdir()?;
     let tag = match side {
         Side::Ours => tag.to_string(),
+        Side::OursSized => format!("sized-{tag}"),
         Side::Go => format!("go-{tag}"),
     };
     let ns = format!("bench-{tag}");
@@ -551,8 +564,13 @@ async fn provision_run(
         .await?;
     let (qps, burst) = side.budget(p);
     let cmd = match side {
-        Side::Ours => {
-            plugins_with(plugins.path(), storage.path(), &["hostpath"]);
+        Side::Ours | Side::OursSized => {
+            plugins_with(
+                plugins.path(),
+                storage,
+                &["hostpath"],
+                side == Side::OursSized,
+            );
             let mut cmd = std::process::Command::new(provisioner_binary());
             cmd.args(["run", "--plugins"])
                 .arg(plugins.path())
@@ -572,7 +590,7 @@ async fn provision_run(
                 .env("RUST_LOG", "warn,wasm_provisioner::controller::start=info");
             cmd
         }
-        Side::Go => go_command(&reach.go, storage.path(), qps, burst, p.workers),
+        Side::Go => go_command(&reach.go, storage, qps, burst, p.workers),
     };
     let mut process = Process::spawn(cmd, cp.run_dir().join(format!("bench-{tag}.log")))?;
     wait_for("provisioner ready", Duration::from_secs(120), || async {
@@ -638,7 +656,7 @@ async fn provision_run(
     .await
     .with_context(|| process.log_tail(40))?;
     let deadline = Instant::now() + Duration::from_secs(120);
-    while names.iter().any(|pv| storage.path().join(pv).exists()) {
+    while names.iter().any(|pv| storage.join(pv).exists()) {
         anyhow::ensure!(
             Instant::now() < deadline,
             "storage left after its PV: {}",
@@ -975,6 +993,7 @@ fn loadavg() -> String {
 async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Result<()> {
     let runs = env_usize("WP_BENCH_RUNS", 3);
     let go = go_binary().is_some();
+    let sizes = env_usize("WP_BENCH_SIZES", 0) == 1;
     if go {
         apply_yaml(admin, &go_rbac(cp)).await?;
     }
@@ -1005,6 +1024,9 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
     for (i, profile) in profiles() {
         let (raw_create, _) = raw_rate(admin, n, profile, &i.to_string()).await?;
         let mut sides = vec![Side::Ours];
+        if sizes {
+            sides.push(Side::OursSized);
+        }
         if go && profile.go.is_some() {
             sides.push(Side::Go);
         }
@@ -1177,6 +1199,7 @@ fn three_guests() -> anyhow::Result<(tempfile::TempDir, tempfile::TempDir, tempf
         plugins.path(),
         storage.path(),
         &["guest-a", "guest-b", "guest-c"],
+        false,
     );
     Ok((storage, plugins, cache))
 }
