@@ -32,7 +32,10 @@ fn probe_finds_btrfs_with_quotas_off_then_enables_them() {
 
     let probe = SIZES.probe(fs.root(), true).expect("probe enabling quotas");
     assert_eq!(probe.quotas, Quotas::Simple);
+    assert_eq!(probe.volumes, Ok(()), "a probe volume made and deleted");
     probe.require().expect("ready");
+    let listed = run("btrfs", &["subvolume", "list", path(&fs.mnt)]);
+    assert!(listed.trim().is_empty(), "the probe left {listed}");
     // Enabled once, probing again (asked to enable or not) finds them on.
     assert_eq!(
         SIZES.probe(fs.root(), false).unwrap().quotas,

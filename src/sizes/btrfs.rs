@@ -115,10 +115,24 @@ pub fn probe(dir: impl AsFd, enable_quotas: bool) -> Result<Probe, SizeError> {
         AtFlags::EACCESS,
     )
     .is_ok();
+    // A volume is made and deleted again, as every volume will be: what permissions and quotas
+    // say is not all the kernel checks (an LSM, a mount that refuses subvolumes).
+    let volumes = if state == Quotas::Simple && writable && !read_only {
+        let name = format!(".wasm-provisioner-probe-{}", std::process::id());
+        create(dir, &name, 1 << 20)
+            .and_then(|volume| {
+                drop(volume);
+                destroy(dir, &name)
+            })
+            .map_err(|error| error.to_string())
+    } else {
+        Err("not tried (quotas, access or a read-only mount first)".to_owned())
+    };
     Ok(Probe {
         quotas: state,
         read_only,
         writable,
+        volumes,
     })
 }
 

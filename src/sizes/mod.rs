@@ -146,7 +146,7 @@ pub enum Quotas {
 }
 
 /// What [`SizeBackend::probe`] found about a directory on the backend's filesystem.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Probe {
     /// Whether quotas are on.
     pub quotas: Quotas,
@@ -154,6 +154,9 @@ pub struct Probe {
     pub read_only: bool,
     /// This process may create entries in the directory (write and search permission).
     pub writable: bool,
+    /// Whether a volume with a limit could be made in the directory and deleted again (tried
+    /// only when the rest allows it), or why not.
+    pub volumes: Result<(), String>,
 }
 
 impl Probe {
@@ -170,6 +173,9 @@ impl Probe {
         }
         if !self.writable {
             return Err(SizeError::NotWritable);
+        }
+        if let Err(why) = &self.volumes {
+            return Err(SizeError::CannotMakeVolumes(why.clone()));
         }
         Ok(())
     }
@@ -214,6 +220,9 @@ pub enum SizeError {
     /// No write and search permission on the directory.
     #[error("no permission to create entries in the directory (write and search needed)")]
     NotWritable,
+    /// A probe volume could not be made and deleted in the directory.
+    #[error("a volume could not be made and deleted there: {0}")]
+    CannotMakeVolumes(String),
     /// The quota ioctls need `CAP_SYS_ADMIN`.
     #[error("the btrfs quota ioctls need CAP_SYS_ADMIN (run as root)")]
     NotPrivileged,
