@@ -727,7 +727,9 @@ async fn enforced_sizes(world: &mut NodeCluster) -> anyhow::Result<()> {
             .delete_claim_and_wait_gone("default", claim, pv, path)
             .await?;
     }
-    fs.commit();
+    for (_, _, _, id) in &volumes {
+        btrfs::wait_dropped(fs.root().as_fd(), *id)?;
+    }
     let left = btrfs::qgroup_ids(fs.root().as_fd())?;
     for (_, _, _, id) in &volumes {
         ensure!(

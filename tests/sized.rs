@@ -130,7 +130,7 @@ async fn every_volume_is_a_subvolume_limited_to_its_claim_and_destroyed_whole() 
     };
     guest.delete(&delete).await.expect("delete");
     assert!(!dir.exists() && !dir.is_symlink());
-    fs.commit();
+    btrfs::wait_dropped(fs.root(), usage.id).expect("dropped");
     assert!(
         !btrfs::qgroup_ids(fs.root()).unwrap().contains(&usage.id),
         "the qgroup 0/{} went with its subvolume",

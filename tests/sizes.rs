@@ -160,6 +160,12 @@ fn destroy_removes_the_subvolume_and_its_qgroup() {
     assert!(btrfs::qgroup_ids(fs.root()).unwrap().contains(&id));
 
     SIZES.destroy(fs.root(), "gone").expect("destroy");
+    let ids = btrfs::qgroup_ids(fs.root()).unwrap();
+    assert!(
+        !ids.contains(&btrfs::volume_qgroup(id)),
+        "the volume's qgroup 1/{id} goes at once: {ids:?}"
+    );
+    btrfs::wait_dropped(fs.root(), id).expect("dropped");
     assert!(
         !fs.mnt.join("gone").exists(),
         "the subvolume is still there"
@@ -344,6 +350,9 @@ fn a_tenant_cannot_write_past_its_limit_through_a_subvolume_of_its_own() {
     SIZES
         .destroy(fs.root(), "vol")
         .expect("destroy with what the tenant made inside");
+    for dropped in nested.iter().chain([&id]) {
+        btrfs::wait_dropped(fs.root(), *dropped).expect("dropped");
+    }
     assert!(!vol.exists());
     let ids = btrfs::qgroup_ids(fs.root()).unwrap();
     for gone in nested.iter().chain([&id, &btrfs::volume_qgroup(id)]) {

@@ -383,7 +383,7 @@ fn limit_new(parent: BorrowedFd<'_>, name: &str, bytes: u64) -> Result<OwnedFd, 
                 other => other.map_err(os("BTRFS_IOC_QGROUP_CREATE"))?,
             }
             group = Some(volume_qgroup(id));
-            ioctl::qgroup_assign(parent, id, volume_qgroup(id))
+            ioctl::qgroup_assign(parent, id, volume_qgroup(id), true)
                 .map_err(os("BTRFS_IOC_QGROUP_ASSIGN"))?;
             set_limit(&volume, bytes).map(|()| volume)
         });
@@ -428,13 +428,11 @@ fn remove_group(fd: BorrowedFd<'_>, group: u64) -> Result<(), SizeError> {
 /// and their qgroups and the volume's level-1 qgroup. Refuses a plain directory
 /// ([`SizeError::NotSubvolume`]).
 ///
-/// With quotas on, this waits for the cleaner thread to drop each subvolume
-/// (`BTRFS_IOC_SYNC` commits the deletion and wakes the cleaner, then
-/// `BTRFS_IOC_SUBVOL_SYNC_WAIT`): kernels since 2024 (6.18 here) remove the qgroup of a
-/// dropped subvolume themselves, and a level-0 qgroup cannot be removed while its subvolume
-/// still exists (`EBUSY`). One still there after the drop is removed with
-/// `BTRFS_IOC_QGROUP_CREATE` (`create = 0`). The wait lasts as long as the cleaner takes to
-/// free the subvolume's extents (the kernel polls once a second).
+/// With quotas on, the volume's level-1 qgroup is removed at once and the deletion committed
+/// (`BTRFS_IOC_SYNC`, which also wakes the cleaner thread); each subvolume's `0/<id>` goes when
+/// the cleaner has dropped it: kernels since 2024 (6.18 here) remove the qgroup of a dropped
+/// subvolume themselves, and a level-0 qgroup cannot be removed while its subvolume still
+/// exists (`EBUSY`). [`wait_dropped`] waits for that and removes one the kernel left.
 pub fn destroy(parent: impl AsFd, name: &str) -> Result<(), SizeError> {
     let parent = parent.as_fd();
     let raw = check_name(name)?;
@@ -471,16 +469,33 @@ pub fn destroy(parent: impl AsFd, name: &str) -> Result<(), SizeError> {
     }
     ioctl::snap_destroy(parent, raw).map_err(os("BTRFS_IOC_SNAP_DESTROY"))?;
     if quotas_on {
-        for dropped in nested.iter().chain([&id]) {
-            drop_qgroup(parent, *dropped)?;
+        // The volume's level-1 qgroup goes now, its members taken out of it first; each
+        // subvolume's own 0/<id> goes with the subvolume once the cleaner has dropped it (the
+        // kernel removes it then). Not waited for here: the cleaner polls once a second, which
+        // made every delete take a second or more ([`wait_dropped`] waits, for tests).
+        for member in nested.iter().chain([&id]) {
+            match ioctl::qgroup_assign(parent, *member, volume_qgroup(id), false) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(source) => {
+                    return Err(SizeError::Os {
+                        op: "BTRFS_IOC_QGROUP_ASSIGN (removing a member)",
+                        source,
+                    });
+                }
+            }
         }
         remove_group(parent, volume_qgroup(id))?;
+        // Commits the deletion and wakes the cleaner, so the drop starts now rather than at
+        // the next periodic commit.
+        ioctl::sync(parent).map_err(os("BTRFS_IOC_SYNC"))?;
     }
     Ok(())
 }
 
-/// Waits until the deleted subvolume `id` is dropped, then makes sure its qgroup is gone.
-fn drop_qgroup(fd: BorrowedFd<'_>, id: u64) -> Result<(), SizeError> {
+/// Waits until the deleted subvolume `id` is dropped, then makes sure its qgroup `0/<id>` is
+/// gone (removing it if the kernel did not).
+pub fn wait_dropped(fd: impl AsFd, id: u64) -> Result<(), SizeError> {
+    let fd = fd.as_fd();
     // The deletion's transaction must commit before the cleaner sees the dead root, and the
     // cleaner be woken: BTRFS_IOC_SYNC does both.
     ioctl::sync(fd).map_err(os("BTRFS_IOC_SYNC"))?;

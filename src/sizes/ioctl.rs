@@ -307,10 +307,16 @@ pub(super) fn qgroup_create(fd: BorrowedFd<'_>, qgroupid: u64) -> Result<(), Err
     call::<QGROUP_CREATE, _>(fd, &mut args)
 }
 
-/// `BTRFS_IOC_QGROUP_ASSIGN`: makes qgroup `src` a member of qgroup `dst`.
-pub(super) fn qgroup_assign(fd: BorrowedFd<'_>, src: u64, dst: u64) -> Result<(), Errno> {
+/// `BTRFS_IOC_QGROUP_ASSIGN`: makes qgroup `src` a member of qgroup `dst` (`assign`), or no
+/// longer one.
+pub(super) fn qgroup_assign(
+    fd: BorrowedFd<'_>,
+    src: u64,
+    dst: u64,
+    assign: bool,
+) -> Result<(), Errno> {
     let mut args = QgroupAssignArgs {
-        assign: 1,
+        assign: u64::from(assign),
         src,
         dst,
     };

@@ -34,6 +34,11 @@ pub fn run(program: &str, args: &[&str]) -> String {
 
 impl Btrfs {
     pub fn new() -> Self {
+        Self::of(1024 * MIB)
+    }
+
+    /// [`Btrfs::new`] on a sparse image of `bytes`.
+    pub fn of(bytes: u64) -> Self {
         assert!(
             rustix::process::geteuid().is_root(),
             "tests/sizes.rs needs root: it loop-mounts btrfs images and the btrfs quota ioctls need CAP_SYS_ADMIN (CI runs as root)"
@@ -46,7 +51,7 @@ impl Btrfs {
         let dir = tempfile::tempdir().expect("temporary directory");
         let image = dir.path().join("image");
         File::create(&image)
-            .and_then(|f| f.set_len(1024 * MIB))
+            .and_then(|f| f.set_len(bytes))
             .expect("sparse image file");
         run("mkfs.btrfs", &["-q", path(&image)]);
         let mnt = dir.path().join("mnt");
