@@ -272,3 +272,44 @@ async fn a_clone_is_a_snapshot_with_a_limit_of_its_own() {
         48 * MIB
     );
 }
+
+/// Hostile sizes: a claim of one byte gets a volume limited to one byte (nothing can be written
+/// into it, and it is deleted like any other); a claim larger than the filesystem gets a
+/// volume whose limit is its claim (the filesystem's own size then bounds it).
+#[tokio::test]
+async fn a_claim_of_one_byte_and_one_larger_than_the_filesystem() {
+    let fs = Btrfs::new().with_quotas();
+    let (_plugins, loaded) = load(&fs.mnt, "");
+    let guest = guest(&loaded);
+    let mut tiny = request_of(&guest, "tiny", 1);
+    tiny.claim.requested_bytes = 1;
+    let built = guest.provision(&tiny).await.expect("a one-byte volume");
+    let dir = fs.mnt.join(&tiny.pv_name);
+    assert_eq!(
+        SizeBackend::Btrfs.usage(open(&dir)).unwrap().max_referenced,
+        Some(1)
+    );
+    // Not even a file can be made in it.
+    let error = File::create(dir.join("f")).expect_err("a file in a one-byte volume");
+    assert!(is_edquot(&error), "{error}");
+    guest
+        .delete(&DeleteRequest {
+            volume: as_volume(&tiny, &built),
+            storage_class: None,
+            config: guest.grants().config_json.clone(),
+        })
+        .await
+        .expect("delete");
+    assert!(!dir.exists());
+
+    let huge = request_of(&guest, "huge", 64 << 20); // 64 TiB on a 1 GiB filesystem
+    guest
+        .provision(&huge)
+        .await
+        .expect("a volume larger than the filesystem");
+    let dir = fs.mnt.join(&huge.pv_name);
+    assert_eq!(
+        SizeBackend::Btrfs.usage(open(&dir)).unwrap().max_referenced,
+        Some(64 << 40)
+    );
+}

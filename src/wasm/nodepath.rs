@@ -118,8 +118,15 @@ pub fn check_source(
     };
     let end = walk_beneath(root, path)?;
     if let Some((_, backend)) = sized::sized_dir(grants, path) {
-        let volume = sized_volume(root, path, backend, volume)?;
-        return super::ownership::apply(volume, ownership).map_err(|e| refused(&e.to_string()));
+        let made = sized_volume(root, path, backend, volume)?;
+        super::ownership::apply(&made, ownership).map_err(|e| refused(&e.to_string()))?;
+        let shown = path.display().to_string();
+        return sized::limit(backend, &made, volume.bytes, &shown).map_err(|e| {
+            NodePathError::Sized {
+                path: shown.clone(),
+                message: e.to_string(),
+            }
+        });
     }
     if ownership.is_empty() {
         return Ok(());
@@ -173,8 +180,7 @@ fn sized_volume(
         failed("its parent directory does not exist; create it before returning the volume".into())
     })?;
     let parent = sized::reopen(&parent).map_err(|e| failed(std::io::Error::from(e).to_string()))?;
-    sized::make(backend, &parent, name, volume.pv, volume.bytes, &shown)
-        .map_err(|e| failed(e.to_string()))
+    sized::make(backend, &parent, name, volume.pv, &shown).map_err(|e| failed(e.to_string()))
 }
 
 /// Checks that `path` lies beneath `root` with no symlink in any component below `root`.

@@ -151,15 +151,16 @@ pub fn sized_dir<'g>(grants: &'g Grants, path: &Path) -> Option<(&'g DirGrant, S
         .and_then(|d| d.sizes.map(|backend| (d, backend)))
 }
 
-/// The volume `name` in `parent` for PV `pv`, limited to `bytes`: made as the module says, or
-/// adopted if this PV's already (a retry). Returns its root directory. `shown` names it in
-/// errors.
+/// The volume `name` in `parent` for PV `pv`: made as the module says, or adopted if this PV's
+/// already (a retry). Returns its root directory, not yet limited to the PV's size: the owner
+/// and mode go on first, then [`limit`] (a change of a volume's metadata reserves space charged
+/// to its qgroup, so a one-byte volume could take neither its mark nor its owner after its
+/// limit). `shown` names it in errors.
 pub fn make(
     backend: SizeBackend,
     parent: &OwnedFd,
     name: &str,
     pv: &str,
-    bytes: u64,
     shown: &str,
 ) -> Result<OwnedFd, SizedError> {
     let os = |errno: Errno| SizedError::Os {
@@ -193,7 +194,6 @@ pub fn make(
                         });
                     }
                 }
-                backend.set_limit(&dir, bytes).map_err(size)?;
                 return Ok(dir);
             }
             if !is_empty(dir).map_err(os)? {
@@ -204,7 +204,7 @@ pub fn make(
     }
     let staging = format!(".{pv}.sizing");
     clear_staging(backend, parent, &staging, pv).map_err(size)?;
-    let volume = backend.create(parent, &staging, bytes).map_err(size)?;
+    let volume = backend.create(parent, &staging, UNLIMITED).map_err(size)?;
     let placed =
         rustix::fs::fsetxattr(&volume, MARK, pv.as_bytes(), XattrFlags::CREATE).and_then(|()| {
             rustix::fs::renameat_with(parent, &staging, parent, name, RenameFlags::NOREPLACE)
@@ -215,6 +215,25 @@ pub fn make(
         return Err(os(errno));
     }
     Ok(volume)
+}
+
+/// The limit a volume has until [`limit`] gives it its PV's: none to speak of.
+const UNLIMITED: u64 = u64::MAX - 1;
+
+/// Limits the volume `volume` (from [`make`]) to its PV's `bytes`, the last step before the PV
+/// exists.
+pub fn limit(
+    backend: SizeBackend,
+    volume: &OwnedFd,
+    bytes: u64,
+    shown: &str,
+) -> Result<(), SizedError> {
+    backend
+        .set_limit(volume, bytes)
+        .map_err(|source| SizedError::Size {
+            path: shown.to_owned(),
+            source,
+        })
 }
 
 /// Destroys a leftover staging volume of this PV (a crash between making and placing it).
