@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::btrfs::{Btrfs, MIB, is_edquot, write};
 use common::*;
 use wasm_provisioner::sizes::{SizeBackend, btrfs};
-use wasm_provisioner::wasm::bindings::types::DeleteRequest;
+use wasm_provisioner::wasm::bindings::types::{DeleteRequest, Volume};
 use wasm_provisioner::wasm::{Guest, Plugins, WasmEngine, load_dir};
 
 const HOSTPATH: &str = "test.wasm-provisioner.dev/hostpath";
@@ -44,6 +44,16 @@ fn request_of(
     let mut claim = claim(name);
     claim.requested_bytes = mib * MIB;
     request(claim, class(HOSTPATH, &[]), &guest.grants().config_json)
+}
+
+/// The guest's delete of `volume`, as the controller would ask for it.
+async fn delete(guest: &Guest, volume: Volume) -> Result<(), wasm_provisioner::wasm::CallError> {
+    let request = DeleteRequest {
+        volume,
+        storage_class: None,
+        config: guest.grants().config_json.clone(),
+    };
+    guest.delete(&request).await
 }
 
 fn open(path: &Path) -> File {
@@ -123,12 +133,9 @@ async fn every_volume_is_a_subvolume_limited_to_its_claim_and_destroyed_whole() 
     for i in 0..2_000 {
         std::fs::write(dir.join(format!("f{i}")), "x").unwrap_or(());
     }
-    let delete = DeleteRequest {
-        volume: as_volume(&small, &built),
-        storage_class: None,
-        config: guest.grants().config_json.clone(),
-    };
-    guest.delete(&delete).await.expect("delete");
+    delete(&guest, as_volume(&small, &built))
+        .await
+        .expect("delete");
     assert!(!dir.exists() && !dir.is_symlink());
     btrfs::wait_dropped(fs.root(), usage.id).expect("dropped");
     assert!(
@@ -137,12 +144,7 @@ async fn every_volume_is_a_subvolume_limited_to_its_claim_and_destroyed_whole() 
         usage.id
     );
     let other_volume = as_volume(&other, &other_built);
-    guest
-        .delete(&DeleteRequest {
-            volume: other_volume,
-            storage_class: None,
-            config: guest.grants().config_json.clone(),
-        })
+    delete(&guest, other_volume)
         .await
         .expect("delete the second");
     assert!(!other_dir.exists());
@@ -183,15 +185,7 @@ async fn a_subvolume_the_host_did_not_make_is_never_adopted_or_destroyed() {
     if let wasm_provisioner::wasm::bindings::types::VolumeSource::HostPath(h) = &mut volume.source {
         h.path = planted.display().to_string();
     }
-    let error = guest
-        .delete(&DeleteRequest {
-            volume,
-            storage_class: None,
-            config: guest.grants().config_json.clone(),
-        })
-        .await
-        .unwrap_err()
-        .to_string();
+    let error = delete(&guest, volume).await.unwrap_err().to_string();
     assert!(error.contains("never adopted or destroyed"), "{error}");
     assert!(SizeBackend::Btrfs.is_volume(open(&planted)).unwrap());
 }
@@ -258,12 +252,7 @@ async fn a_clone_is_a_snapshot_with_a_limit_of_its_own() {
         .provision_clone(&copy_req, &source)
         .await
         .expect("a retry finds the finished clone");
-    guest
-        .delete(&DeleteRequest {
-            volume: as_volume(&copy_req, &built),
-            storage_class: None,
-            config: guest.grants().config_json.clone(),
-        })
+    delete(&guest, as_volume(&copy_req, &built))
         .await
         .expect("delete the clone");
     assert!(!copy_dir.exists());
@@ -292,12 +281,7 @@ async fn a_claim_of_one_byte_and_one_larger_than_the_filesystem() {
     // Not even a file can be made in it.
     let error = File::create(dir.join("f")).expect_err("a file in a one-byte volume");
     assert!(is_edquot(&error), "{error}");
-    guest
-        .delete(&DeleteRequest {
-            volume: as_volume(&tiny, &built),
-            storage_class: None,
-            config: guest.grants().config_json.clone(),
-        })
+    delete(&guest, as_volume(&tiny, &built))
         .await
         .expect("delete");
     assert!(!dir.exists());

@@ -3,6 +3,7 @@
 //! One `GuestState` lives in one `Store` for one call; nothing here outlives the call.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use wasmtime::component::{Resource, ResourceTable};
 use wasmtime::{ResourceLimiter, Result as WasmResult};
@@ -285,17 +286,15 @@ impl host::Host for GuestState {
             Ok(resolved) => resolved,
             Err(error) => return Ok(Err(error.to_string())),
         };
-        // The copy's descriptors count against the call's cap, and against the guest's next
-        // calls if the deadline ends this one while the copy waits in the kernel.
-        let (held, max_held) = self.fs_guard.begin_operation()?;
         let within = std::time::Duration::from_millis(within_ms).min(self.grants.call_timeout);
         let deadline = std::time::Instant::now() + within;
         let owners = copy::Owners::of(&self.grants);
-        let copied = tokio::task::spawn_blocking(move || {
-            copy::copy(resolved, owners, deadline, held, max_held)
-        })
-        .await
-        .map_err(|error| wasmtime::Error::msg(format!("copy-tree: {error}")))?;
+        // The copy counts its descriptors itself, against what the call's cap leaves.
+        let copied = self
+            .on_pool("copy-tree", move |held, max_held| {
+                copy::copy(resolved, owners, deadline, held, max_held)
+            })
+            .await?;
         Ok(copied
             .map(Into::into)
             .map_err(|error| format!("copying {source} to {target}: {error}")))
@@ -307,8 +306,9 @@ impl host::Host for GuestState {
         pv: String,
     ) -> WasmResult<Result<bool, String>> {
         let grants = self.grants.clone();
-        // The granted directory, the parent and the volume, open at once at most.
-        self.on_pool("destroy-volume", 3, move || {
+        self.on_pool("destroy-volume", move |held, _| {
+            // The granted directory, the parent and the volume, open at once at most.
+            held.store(3, Ordering::Relaxed);
             sized::destroy(&grants, &path, &pv)
                 .map_err(|error| format!("destroying the volume at {path}: {error}"))
         })
@@ -317,23 +317,18 @@ impl host::Host for GuestState {
 }
 
 impl GuestState {
-    /// Runs `work` on the blocking pool as an operation of this call that holds `descriptors`
-    /// descriptors (charged like the guest's own, and to its next calls if it outlives this one).
+    /// Runs `work` on the blocking pool as an operation of this call: it gets the counter of
+    /// the descriptors it holds (charged like the guest's own, and to its next calls if it
+    /// outlives this one) and how many it may hold at once.
     async fn on_pool<R: Send + 'static>(
         &mut self,
         what: &str,
-        descriptors: usize,
-        work: impl FnOnce() -> R + Send + 'static,
+        work: impl FnOnce(Arc<AtomicUsize>, usize) -> R + Send + 'static,
     ) -> WasmResult<R> {
-        let (held, _) = self.fs_guard.begin_operation()?;
-        held.store(descriptors, std::sync::atomic::Ordering::Relaxed);
-        tokio::task::spawn_blocking(move || {
-            let done = work();
-            drop(held);
-            done
-        })
-        .await
-        .map_err(|error| wasmtime::Error::msg(format!("{what}: {error}")))
+        let (held, max_held) = self.fs_guard.begin_operation()?;
+        tokio::task::spawn_blocking(move || work(held, max_held))
+            .await
+            .map_err(|error| wasmtime::Error::msg(format!("{what}: {error}")))
     }
 }
 

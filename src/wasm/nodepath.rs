@@ -120,13 +120,9 @@ pub fn check_source(
     if let Some((_, backend)) = sized::sized_dir(grants, path) {
         let made = sized_volume(root, path, backend, volume)?;
         super::ownership::apply(&made, ownership).map_err(|e| refused(&e.to_string()))?;
-        let shown = path.display().to_string();
-        return sized::limit(backend, &made, volume.bytes, &shown).map_err(|e| {
-            NodePathError::Sized {
-                path: shown.clone(),
-                message: e.to_string(),
-            }
-        });
+        // The limit last: see sized::make.
+        return sized::limit(backend, &made, volume.bytes, &path.display().to_string())
+            .map_err(|e| sized_error(path, e.to_string()));
     }
     if ownership.is_empty() {
         return Ok(());
@@ -163,10 +159,7 @@ fn sized_volume(
     volume: &OnDisk<'_>,
 ) -> Result<OwnedFd, NodePathError> {
     let shown = path.display().to_string();
-    let failed = |message: String| NodePathError::Sized {
-        path: shown.clone(),
-        message,
-    };
+    let failed = |message: String| sized_error(path, message);
     let (Some(parent), Some(name)) = (path.parent().filter(|_| path != root), path.file_name())
     else {
         return Err(failed(
@@ -181,6 +174,13 @@ fn sized_volume(
     })?;
     let parent = sized::reopen(&parent).map_err(|e| failed(std::io::Error::from(e).to_string()))?;
     sized::make(backend, &parent, name, volume.pv, &shown).map_err(|e| failed(e.to_string()))
+}
+
+fn sized_error(path: &Path, message: String) -> NodePathError {
+    NodePathError::Sized {
+        path: path.display().to_string(),
+        message,
+    }
 }
 
 /// Checks that `path` lies beneath `root` with no symlink in any component below `root`.

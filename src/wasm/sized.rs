@@ -64,29 +64,15 @@ pub fn copy_volume(
     // the filesystem id tells, not st_dev).
     let fsid = |fd: &OwnedFd| rustix::fs::fstatvfs(fd).map(|s| s.f_fsid).ok();
     let snapshot = backend.is_volume(source)? && fsid(source) == fsid(parent);
-    let (volume, made) = if snapshot {
+    let volume = if snapshot {
         let limit = backend
             .usage(source)
             .ok()
             .and_then(|usage| usage.max_referenced)
             .unwrap_or(UNTIL_ADOPTED);
-        (
-            backend.snapshot(source, parent, name, limit)?,
-            CopyVolume::Snapshot,
-        )
+        backend.snapshot(source, parent, name, limit)?
     } else {
-        let volume = backend.create(parent, name, UNTIL_ADOPTED)?;
-        let again = rustix::fs::openat(
-            &volume,
-            ".",
-            DIRECTORY.difference(OFlags::NOFOLLOW),
-            Mode::empty(),
-        )
-        .map_err(|source| SizeError::Os {
-            op: "openat (new volume)",
-            source,
-        })?;
-        (volume, CopyVolume::Empty(again))
+        backend.create(parent, name, UNTIL_ADOPTED)?
     };
     let marked = rustix::fs::fsetxattr(&volume, MARK, COPIED.as_bytes(), XattrFlags::CREATE);
     if let Err(source) = marked {
@@ -97,7 +83,11 @@ pub fn copy_volume(
             source,
         });
     }
-    Ok(made)
+    Ok(if snapshot {
+        CopyVolume::Snapshot
+    } else {
+        CopyVolume::Empty(volume)
+    })
 }
 
 /// Why a volume with an enforced size could not be made, or destroyed.

@@ -136,10 +136,7 @@ impl Provisioner for LocalPath {
         // node that no longer exists is the controller's to handle (`--node-deployment`
         // deletes its PVs without cleanup after `--node-gone-grace`), not a guess of ours.
         let guest_path = config.guest_path(target.node.as_deref(), &target.path);
-        let parent = match guest_path.rsplit_once('/') {
-            Some((parent, _)) if !parent.is_empty() => parent,
-            _ => "/",
-        };
+        let parent = dirs::parent_of(&guest_path).unwrap_or("/");
         // A clone's copy cut short (its call ended before the rename) goes with the volume.
         let staging = dirs::clone_staging(&guest_path, &volume.name);
         if dirs::remove_volume(parent, &staging, &volume.name)? {

@@ -166,16 +166,17 @@ pub fn remove_volume(root: &str, path: &str, pv: &str) -> Result<bool, Provision
 /// there, so the work grows with the number of entries whatever their depth. Nothing is kept
 /// in memory but those 16 names.
 pub fn remove(path: &str) -> Result<bool, ProvisionError> {
-    let parent = match path.trim_end_matches('/').rsplit_once('/') {
-        Some(("", _)) => "/",
-        Some((parent, _)) => parent,
-        None => {
-            return Err(final_error(format!(
-                "removing {path}: not an absolute path"
-            )));
-        }
-    };
+    let parent = parent_of(path)
+        .ok_or_else(|| final_error(format!("removing {path}: not an absolute path")))?;
     remove_in(parent, path)
+}
+
+/// The directory holding `path` (`/` for `/x`); `None` for a path without a `/`.
+pub fn parent_of(path: &str) -> Option<&str> {
+    match path.trim_end_matches('/').rsplit_once('/')? {
+        ("", _) => Some("/"),
+        (parent, _) => Some(parent),
+    }
 }
 
 /// Copies the directory `from` into a new directory `to` (`to`'s parent must exist, `to` must
@@ -268,10 +269,7 @@ pub fn clone_into(
     deadline: std::time::Instant,
 ) -> Result<Copied, ProvisionError> {
     let staging = clone_staging(target, pv);
-    let parent = match staging.rsplit_once('/') {
-        Some((parent, _)) if !parent.is_empty() => parent,
-        _ => "/",
-    };
+    let parent = parent_of(&staging).unwrap_or("/");
     create(parent)?;
     // The staging directory may be a volume the host made (a size-enforcing directory).
     remove_volume(parent, &staging, pv)?;
