@@ -4,6 +4,12 @@
 //! whole; the kernel's cleaner frees its extents afterwards, in the background). `WP_BENCH_FILES` files (default
 //! 1,000,000) in 1,000 directories, `WP_BENCH_RUNS` runs (default 3) of each, alternating, on
 //! the same loop-mounted btrfs. Prints min / median / max; asserts nothing. Root.
+//!
+//! `WP_BENCH_PART=provision`: what the host spends per volume instead: `WP_BENCH_VOLUMES`
+//! (default 200) provisions through the guest into a plain directory and into a size-enforcing
+//! one, alternating, one at a time and then `WP_BENCH_IN_FLIGHT` (default 3, the controller's
+//! turns) at once; then the sized steps alone, timed one by one (subvolume create, the mark,
+//! the rename, the limit), to say where a sized volume's extra time goes.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -75,9 +81,14 @@ async fn one(guest: &Arc<Guest>, storage: &Path, name: &str, files: usize) -> Du
     took
 }
 
-fn spread(mut d: Vec<Duration>) -> String {
+fn spread(d: Vec<Duration>) -> String {
+    spread_in(d, 1.0)
+}
+
+/// min / median / max of `d` in seconds times `scale`, two decimals.
+fn spread_in(mut d: Vec<Duration>, scale: f64) -> String {
     d.sort();
-    let s = |d: Duration| format!("{:.2}", d.as_secs_f64());
+    let s = |d: Duration| format!("{:.2}", d.as_secs_f64() * scale);
     format!(
         "{} / {} / {}",
         s(d[0]),
@@ -86,8 +97,141 @@ fn spread(mut d: Vec<Duration>) -> String {
     )
 }
 
+/// One provision through the guest: the call, the on-disk check and (sized) the volume.
+async fn provision_one(guest: &Arc<Guest>, name: &str) -> Duration {
+    let req = request(
+        claim(name),
+        class(PROVISIONER, &[]),
+        &guest.grants().config_json,
+    );
+    let started = Instant::now();
+    guest.provision(&req).await.expect("provision");
+    started.elapsed()
+}
+
+fn spread_ms(d: Vec<Duration>) -> String {
+    spread_in(d, 1000.0)
+}
+
+/// `WP_BENCH_PART=provision` (see the module docs).
+async fn provision_part(fs: &Btrfs) {
+    use std::os::fd::AsFd as _;
+    use wasm_provisioner::sizes::SizeBackend;
+    let volumes = env_usize("WP_BENCH_VOLUMES", 200);
+    let in_flight = env_usize("WP_BENCH_IN_FLIGHT", 3);
+    let plain_dir = fs.mnt.join("plain");
+    let sized_dir = fs.mnt.join("sized");
+    std::fs::create_dir(&plain_dir).unwrap();
+    std::fs::create_dir(&sized_dir).unwrap();
+    let (_p1, plain) = load(&plain_dir, false);
+    let (_p2, sized) = load(&sized_dir, true);
+    let (plain, sized) = (
+        plain.for_provisioner(PROVISIONER).unwrap().clone(),
+        sized.for_provisioner(PROVISIONER).unwrap().clone(),
+    );
+    let (mut plain_one, mut sized_one) = (Vec::new(), Vec::new());
+    for i in 0..volumes {
+        plain_one.push(provision_one(&plain, &format!("p{i}")).await);
+        sized_one.push(provision_one(&sized, &format!("s{i}")).await);
+    }
+    let batch = |guest: Arc<Guest>, prefix: &'static str| async move {
+        let started = Instant::now();
+        let mut next = 0;
+        while next < volumes {
+            let mut calls = Vec::new();
+            for i in next..(next + in_flight).min(volumes) {
+                let guest = guest.clone();
+                calls.push(tokio::spawn(async move {
+                    provision_one(&guest, &format!("{prefix}{i}")).await
+                }));
+            }
+            next += in_flight;
+            for call in calls {
+                call.await.unwrap();
+            }
+        }
+        started.elapsed()
+    };
+    let plain_batch = batch(plain.clone(), "pb").await;
+    let sized_batch = batch(sized.clone(), "sb").await;
+    println!(
+        "| volumes | one at a time, ms per provision (min / median / max) | {in_flight} in flight, {volumes} volumes, s |"
+    );
+    println!("|---|---:|---:|");
+    println!(
+        "| plain directory | {} | {:.2} |",
+        spread_ms(plain_one),
+        plain_batch.as_secs_f64()
+    );
+    println!(
+        "| subvolume with a limit | {} | {:.2} |",
+        spread_ms(sized_one),
+        sized_batch.as_secs_f64()
+    );
+    // The sized steps alone, as sized::make and sized::limit take them.
+    let parent = std::fs::File::open(&sized_dir).unwrap();
+    let mut steps: [Vec<Duration>; 5] = Default::default();
+    for i in 0..volumes {
+        let (staging, name) = (format!(".step{i}.sizing"), format!("step{i}"));
+        let t = Instant::now();
+        std::fs::create_dir(sized_dir.join(&name)).unwrap();
+        std::fs::remove_dir(sized_dir.join(&name)).unwrap();
+        steps[0].push(t.elapsed());
+        let t = Instant::now();
+        let volume = SizeBackend::Btrfs
+            .create(parent.as_fd(), &staging, u64::MAX - 1)
+            .unwrap();
+        steps[1].push(t.elapsed());
+        let t = Instant::now();
+        rustix::fs::fsetxattr(
+            &volume,
+            "trusted.wasm-provisioner.volume",
+            name.as_bytes(),
+            rustix::fs::XattrFlags::CREATE,
+        )
+        .unwrap();
+        steps[2].push(t.elapsed());
+        let t = Instant::now();
+        rustix::fs::renameat_with(
+            &parent,
+            staging.as_str(),
+            &parent,
+            name.as_str(),
+            rustix::fs::RenameFlags::NOREPLACE,
+        )
+        .unwrap();
+        steps[3].push(t.elapsed());
+        let t = Instant::now();
+        SizeBackend::Btrfs.set_limit(&volume, 1 << 30).unwrap();
+        steps[4].push(t.elapsed());
+    }
+    println!("| step of a sized volume | ms (min / median / max) |");
+    println!("|---|---:|");
+    let names = [
+        "mkdir + rmdir (the guest's directory, replaced)",
+        "subvolume create with its qgroup 1/<id> (create, assign, limit)",
+        "the mark (fsetxattr)",
+        "the rename into place",
+        "the PV's limit (qgroup limit)",
+    ];
+    for (name, times) in names.iter().zip(steps) {
+        println!("| {name} | {} |", spread_ms(times));
+    }
+}
+
 #[tokio::main]
 async fn main() {
+    if std::env::var("WP_BENCH_PART").as_deref() == Ok("provision") {
+        println!(
+            "provisioning, plain vs sized; load {}",
+            std::fs::read_to_string("/proc/loadavg")
+                .unwrap_or_default()
+                .trim()
+        );
+        let fs = Btrfs::of(16 << 30).with_quotas();
+        provision_part(&fs).await;
+        return;
+    }
     let files = env_usize("WP_BENCH_FILES", 1_000_000);
     let runs = env_usize("WP_BENCH_RUNS", 3);
     println!(

@@ -26,7 +26,7 @@ fn inspect_reports_contract_and_hooks() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     assert!(
-        stdout.contains("contract:  wasm-provisioner:provisioner@0.1.2"),
+        stdout.contains("contract:  wasm-provisioner:provisioner@0.1.3"),
         "{stdout}"
     );
     assert!(stdout.contains("hooks:     cloning"), "{stdout}");

@@ -6,6 +6,8 @@
 //! side by side without seeing each other.
 
 mod common;
+#[path = "e2e/expand.rs"]
+mod expand;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,6 +22,9 @@ use wp_harness::ControlPlane;
 
 use common::e2e::{SELECTED_NODE, affinity, pv_name, uid};
 use common::world::World;
+use expand::{
+    a_bound_claim_grows_when_it_asks_for_more, a_failed_growth_is_reported_retried_and_given_up,
+};
 
 const OUR_FINALIZER: &str = "wasm-provisioner.dev/provisioning";
 
@@ -874,6 +879,8 @@ fn main() -> std::process::ExitCode {
             a_source_deleted_during_its_copy_waits_for_it,
             a_populators_claim_is_left_to_it,
             release_finalizers_lets_a_held_clone_source_go,
+            a_bound_claim_grows_when_it_asks_for_more,
+            a_failed_growth_is_reported_retried_and_given_up,
         ],
     )
 }

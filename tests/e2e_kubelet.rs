@@ -692,8 +692,49 @@ async fn enforced_sizes(world: &mut NodeCluster) -> anyhow::Result<()> {
         world.pod_output("default", "neighbour")? == (32u64 << 20).to_string(),
         "the second claim on the filesystem was affected"
     );
+    // Growth: 96 MiB do not fit in a 64 Mi claim; grown to 128 Mi, they do.
+    world
+        .create_claim_of("default", "grows", "hostpath-local", None, "64Mi")
+        .await?;
+    world
+        .run_pod(
+            "before",
+            "grows",
+            "dd if=/dev/zero of=/data/f bs=1M count=96 conv=fsync 2>&1 | grep -i quota; \
+             stat -c %s /data/f; rm -f /data/f; sync",
+        )
+        .await?;
+    let before = world.pod_output("default", "before")?;
+    ensure!(
+        before.to_lowercase().contains("quota exceeded"),
+        "96 MiB fit in a 64 Mi claim: {before:?}"
+    );
+    world.delete_pod("default", "before").await?;
+    let asked = Instant::now();
+    world.resize_claim("default", "grows", "128Mi").await?;
+    world
+        .wait_claim_capacity("default", "grows", "128Mi")
+        .await?;
+    let grew_in = asked.elapsed();
+    world
+        .run_pod(
+            "after",
+            "grows",
+            "dd if=/dev/zero of=/data/f bs=1M count=96 conv=fsync 2>&1 | grep -i quota; \
+             stat -c %s /data/f",
+        )
+        .await?;
+    let after = world.pod_output("default", "after")?;
+    ensure!(
+        after == (96u64 << 20).to_string(),
+        "96 MiB into the claim grown to 128 Mi: {after:?}"
+    );
+    println!(
+        "enforced sizes: a 64 Mi claim grown to 128 Mi in {grew_in:?} (request to status.capacity); 96 MiB then fit"
+    );
+    world.delete_pod("default", "after").await?;
     let mut volumes = Vec::new();
-    for claim in ["sized", "sized-b"] {
+    for (claim, mib) in [("sized", 64u64), ("sized-b", 64), ("grows", 128)] {
         let pv = world.wait_bound("default", claim).await?;
         let path = std::path::PathBuf::from(
             pv.spec
@@ -709,7 +750,7 @@ async fn enforced_sizes(world: &mut NodeCluster) -> anyhow::Result<()> {
         );
         let usage = SizeBackend::Btrfs.usage(std::fs::File::open(&path)?)?;
         ensure!(
-            usage.max_referenced == Some(64 << 20),
+            usage.max_referenced == Some(mib << 20),
             "{}: {usage:?}",
             path.display()
         );

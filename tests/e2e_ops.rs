@@ -271,9 +271,11 @@ impl Cycle {
         let process = fx.spawn("provisioner", cmd)?;
         // The guest takes 2.5 s, longer than the default 2 s retry period, so every per-claim
         // lease is renewed (a lease `update`) while its claim is worked on.
-        let mut class =
-            fx.class("c")
-                .params(&[("fail", "final"), ("failTimes", "1"), ("delayMs", "2500")]);
+        // The class allows expansion, so the cycle grows its claim too (claims/status patch).
+        let mut class = fx
+            .class("c")
+            .params(&[("fail", "final"), ("failTimes", "1"), ("delayMs", "2500")])
+            .allow_expansion();
         if node {
             // Node mode deletes only PVs pinned to the instance's node.
             class = class.param("pinToSelectedNode", "true");
@@ -336,6 +338,13 @@ impl Cycle {
                 .then_some(()))
             },
         )
+        .await?;
+        self.resize(name, "2Gi").await?;
+        wait_for(&format!("claim {name} grown to 2Gi"), STEP, || async {
+            let c = claims.get(name).await?;
+            let capacity = c.status.and_then(|s| s.capacity).unwrap_or_default();
+            Ok((capacity.get("storage").map(|q| q.0.as_str()) == Some("2Gi")).then_some(()))
+        })
         .await?;
         self.claims().delete(name, &DeleteParams::default()).await?;
         wait_for(&format!("PV {pv_name} deleted"), STEP, || async {

@@ -86,7 +86,12 @@ async fn local_path_binds_on_the_selected_node_and_deletes_the_directory(
     cp: Arc<ControlPlane>,
 ) -> anyhow::Result<()> {
     let w = World::new(cp, "lp-bind", "local-path", LOCAL_NODES).await?;
-    let class = w.class("wffc").wait_for_first_consumer().create().await?;
+    let class = w
+        .class("wffc")
+        .wait_for_first_consumer()
+        .allow_expansion()
+        .create()
+        .await?;
     let claim = w
         .claim("data")
         .class(&class)
@@ -124,6 +129,11 @@ async fn local_path_binds_on_the_selected_node_and_deletes_the_directory(
     );
     let on_node = w.path(&format!("node-a{path}"));
     ensure!(on_node.is_dir(), "{} created", on_node.display());
+    // The expansion hook: a claim asking for more grows (no limit to raise in a plain directory).
+    w.resize("data", "3Gi").await?;
+    w.wait_capacity("data", "3Gi").await?;
+    w.wait_event(&uid(&claim), "VolumeResizeSuccessful", &["3Gi"])
+        .await?;
     w.delete_claim("data", &pv.name_any()).await?;
     w.wait_until("directory removed with the PV", || !on_node.exists())
         .await?;
@@ -193,6 +203,7 @@ async fn nfs_subdir_binds_with_an_nfs_source_and_archives(
     let class = w
         .class("default")
         .mount_options(&["nfsvers=4.1"])
+        .allow_expansion()
         .create()
         .await?;
     let claim = w.claim("data").class(&class).create().await?;
@@ -212,6 +223,25 @@ async fn nfs_subdir_binds_with_an_nfs_source_and_archives(
         spec.mount_options
     );
     ensure!(w.path(&dir).is_dir());
+    // No expansion hook: the class cannot grow, said once; the PV and claim stay as they are.
+    w.resize("data", "2Gi").await?;
+    w.wait_event(&uid(&claim), "VolumeResizeFailed", &["`expansion` hook"])
+        .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let live = w.pvs().get(&pv.name_any()).await?;
+    let capacity = &live
+        .spec
+        .as_ref()
+        .context("spec")?
+        .capacity
+        .as_ref()
+        .context("capacity")?;
+    ensure!(capacity["storage"].0 == "1Gi", "{capacity:?}");
+    let claimed = w.claims().get("data").await?.status.context("status")?;
+    ensure!(
+        claimed.capacity.context("capacity")?["storage"].0 == "1Gi",
+        "the claim keeps its capacity"
+    );
     w.delete_claim("data", &pv.name_any()).await?;
     w.wait_until("archived", || {
         !w.path(&dir).exists() && w.path(&format!("archived-{dir}")).is_dir()

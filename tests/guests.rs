@@ -523,7 +523,7 @@ async fn hooks_default_when_absent_and_run_when_present() {
             .iter()
             .map(|h| h.as_str())
             .collect::<Vec<_>>(),
-        ["cloning"]
+        ["cloning", "expansion"]
     );
     assert!(
         !hostpath.supports_block().await.unwrap(),
@@ -538,7 +538,7 @@ async fn hooks_default_when_absent_and_run_when_present() {
 
     let s = Fixture::new("scripted", SCRIPTED, "/state", "");
     let scripted = s.guest(SCRIPTED);
-    assert_eq!(scripted.contract().hooks.len(), 5);
+    assert_eq!(scripted.contract().hooks.len(), 6);
     assert!(scripted.supports_block().await.unwrap());
     let mut skipped = claim("c");
     skipped
@@ -640,7 +640,7 @@ async fn bad_files_are_reported_and_the_others_still_load() {
     assert!(problem("nogrant.wasm").contains("no grant file"));
     let old = problem("old.wasm");
     assert!(
-        old.contains("@0.2.0") && old.contains("@0.1.2") && old.contains("rebuild"),
+        old.contains("@0.2.0") && old.contains("@0.1.3") && old.contains("rebuild"),
         "{old}"
     );
     assert!(problem("badgrant.toml").contains("network"));

@@ -229,8 +229,8 @@ async fn local_path_per_node_hooks_serve_only_the_local_node() {
     let guest = lp.guest();
     assert_eq!(
         guest.contract().hooks.len(),
-        3,
-        "qualifier, deletion-guard and cloning"
+        4,
+        "qualifier, deletion-guard, cloning and expansion"
     );
     let mut mine = claim("mine");
     mine.annotations

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use common::btrfs::{Btrfs, MIB, is_edquot, write};
 use common::*;
 use wasm_provisioner::sizes::{SizeBackend, btrfs};
+use wasm_provisioner::wasm::bindings::expansion::ExpandRequest;
 use wasm_provisioner::wasm::bindings::types::{DeleteRequest, Volume};
+use wasm_provisioner::wasm::expand::Grown;
 use wasm_provisioner::wasm::{Guest, Plugins, WasmEngine, load_dir};
 
 const HOSTPATH: &str = "test.wasm-provisioner.dev/hostpath";
@@ -296,4 +298,80 @@ async fn a_claim_of_one_byte_and_one_larger_than_the_filesystem() {
         SizeBackend::Btrfs.usage(open(&dir)).unwrap().max_referenced,
         Some(64 << 40)
     );
+}
+
+/// What the controller hands `expand` for `volume` asking for `mib` MiB.
+fn expand_request(guest: &Guest, volume: Volume, mib: u64) -> ExpandRequest {
+    ExpandRequest {
+        volume,
+        requested_bytes: mib * MIB,
+        storage_class: class(HOSTPATH, &[]),
+        config: guest.grants().config_json.clone(),
+    }
+}
+
+/// A volume grows: the guest's `expand` answers, the host raises the subvolume's limit to the
+/// answer, and what did not fit before fits. The host walks the PV's path, never a link a pod
+/// left in its place, and never raises a subvolume it did not make for that PV.
+#[tokio::test]
+async fn a_volume_grows_and_a_link_or_a_foreign_subvolume_in_its_place_is_refused() {
+    let fs = Btrfs::new().with_quotas();
+    let (_plugins, loaded) = load(&fs.mnt, "");
+    let guest = guest(&loaded);
+    let small = request_of(&guest, "grows", 32);
+    let built = guest.provision(&small).await.expect("provision");
+    let dir = fs.mnt.join(&small.pv_name);
+    let (error, written) = write(&dir.join("before"), 64 * MIB);
+    assert!(error.is_some_and(|e| is_edquot(&e)), "{written}");
+    let volume = as_volume(&small, &built);
+    let grown = guest
+        .expand(&expand_request(&guest, volume.clone(), 128))
+        .await
+        .expect("expand");
+    assert_eq!(
+        grown,
+        Grown {
+            bytes: 128 * MIB,
+            limit_raised: true
+        }
+    );
+    let limit = |path: &Path| SizeBackend::Btrfs.usage(open(path)).unwrap().max_referenced;
+    assert_eq!(limit(&dir), Some(128 * MIB));
+    let (error, written) = write(&dir.join("after"), 64 * MIB);
+    assert!(error.is_none() && written == 64 * MIB, "{error:?}");
+    // Again (a retry after a crash): the same answer, the limit as it is.
+    guest
+        .expand(&expand_request(&guest, volume.clone(), 128))
+        .await
+        .expect("expand again");
+    assert_eq!(limit(&dir), Some(128 * MIB));
+
+    // A pod's link where the volume was, to another volume: refused, the other untouched.
+    let other = request_of(&guest, "neighbour", 16);
+    guest.provision(&other).await.expect("neighbour");
+    let neighbour = fs.mnt.join(&other.pv_name);
+    std::fs::rename(&dir, fs.mnt.join("moved")).unwrap();
+    std::os::unix::fs::symlink(&neighbour, &dir).unwrap();
+    let error = guest
+        .expand(&expand_request(&guest, volume.clone(), 512))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("link"), "{error}");
+    assert_eq!(limit(&neighbour), Some(16 * MIB), "the neighbour's limit");
+
+    // A subvolume the host did not make for this PV at its path: refused, untouched.
+    std::fs::remove_file(&dir).unwrap();
+    drop(
+        SizeBackend::Btrfs
+            .create(fs.root(), &small.pv_name, 8 * MIB)
+            .unwrap(),
+    );
+    let error = guest
+        .expand(&expand_request(&guest, volume.clone(), 512))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("did not make"), "{error}");
+    assert_eq!(limit(&dir), Some(8 * MIB));
 }

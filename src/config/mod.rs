@@ -31,7 +31,7 @@ pub struct Cli {
 fn version_text() -> &'static str {
     concat!(
         env!("CARGO_PKG_VERSION"),
-        " (guest contract wasm-provisioner:provisioner@0.1.2, serves 0.1.x)"
+        " (guest contract wasm-provisioner:provisioner@0.1.3, serves 0.1.x)"
     )
 }
 

@@ -55,6 +55,11 @@ pub enum Operation {
         /// The class name.
         class: String,
     },
+    /// Growing the volume of a claim of `class`.
+    Expand {
+        /// The class name.
+        class: String,
+    },
 }
 
 /// One object's reconcile as the bookkeeping sees it.
@@ -166,8 +171,20 @@ impl Book {
         self.len() == 0
     }
 
-    fn settings(&self, ctx: &Context) -> (u32, Duration, &'static str, EventAction) {
+    fn settings(
+        &self,
+        ctx: &Context,
+        operation: &Operation,
+    ) -> (u32, Duration, &'static str, EventAction) {
         let s = &ctx.settings;
+        if let Operation::Expand { .. } = operation {
+            return (
+                s.failed_provision_threshold,
+                s.provision_timeout,
+                super::events::EXPANSION_GIVEN_UP,
+                EventAction::Expand,
+            );
+        }
         match self.queue {
             Queue::Claims => (
                 s.failed_provision_threshold,
@@ -198,7 +215,7 @@ impl Book {
         F: Future<Output = Result<Done, E>>,
     {
         let ctx = handle.ctx();
-        let (threshold, timeout, reason, action) = self.settings(ctx);
+        let (threshold, timeout, reason, action) = self.settings(ctx, &tracked.operation);
         if self.is_given_up(&tracked.key, tracked.fingerprint) {
             return (Ok(Action::await_change()), Ending::Skipped);
         }
@@ -216,6 +233,7 @@ impl Book {
                             ctx.metrics.provision_succeeded(class, source, took)
                         }
                         Operation::Delete { class } => ctx.metrics.delete_succeeded(class, took),
+                        Operation::Expand { class } => ctx.metrics.expand_succeeded(class),
                     }
                     self.forget(&tracked.key);
                 }
@@ -240,6 +258,7 @@ impl Book {
                 ctx.metrics.provision_failed(class, source, error.label())
             }
             Operation::Delete { class } => ctx.metrics.delete_failed(class, error.label()),
+            Operation::Expand { class } => ctx.metrics.expand_failed(class, error.label()),
         }
         if !error.counts() {
             return (Err(error), Ending::Ran);

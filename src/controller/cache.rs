@@ -109,8 +109,9 @@ fn identity(meta: &ObjectMeta) -> ObjectMeta {
     }
 }
 
-/// A bound claim without a finalizer of ours: no plan acts on it (it is provisioned, no storage
-/// of ours depends on its deletion, and no clone holds it).
+/// A bound claim without a finalizer of ours that asks for no more than it has: no plan acts on
+/// it (it is provisioned, no storage of ours depends on its deletion, no clone holds it, and it
+/// does not ask to grow).
 pub fn claim_settled(pvc: &PersistentVolumeClaim) -> bool {
     let bound = pvc
         .spec
@@ -120,6 +121,7 @@ pub fn claim_settled(pvc: &PersistentVolumeClaim) -> bool {
     bound
         && !has_finalizer(&pvc.metadata.finalizers, FINALIZER_CLAIM)
         && !has_finalizer(&pvc.metadata.finalizers, FINALIZER_CLONE_SOURCE)
+        && super::expand::wanted(pvc).is_none()
 }
 
 /// A bound PV not being deleted whose finalizers are as they should be: the delete path acts

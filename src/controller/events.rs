@@ -42,6 +42,14 @@ pub const LEFT_TO_POPULATOR: &str = "LeftToPopulator";
 pub const NODE_SELECTED: &str = "NodeSelected";
 /// Warning: a Released PV's node no longer exists; the PV was deleted without cleaning up.
 pub const DELETED_NODE_GONE: &str = "VolumeDeletedNodeGone";
+/// Normal: growing a claim's volume started (the CSI external-resizer's reason).
+pub const RESIZING: &str = "Resizing";
+/// Normal: a claim's volume was grown and its new capacity written (the resizer's reason).
+pub const RESIZE_SUCCESSFUL: &str = "VolumeResizeSuccessful";
+/// Warning: growing a claim's volume failed, or its class cannot grow (the resizer's reason).
+pub const RESIZE_FAILED: &str = "VolumeResizeFailed";
+/// Warning: the growth of a claim's volume was given up until the claim changes.
+pub const EXPANSION_GIVEN_UP: &str = "ExpansionGivenUp";
 /// Normal, on the Lease: a replica became leader or stopped leading (client-go's reason).
 pub const LEADER_ELECTION: &str = "LeaderElection";
 
@@ -72,6 +80,8 @@ pub enum EventAction {
     Provision,
     /// The delete path (volumes) and recovery's storage deletes.
     Delete,
+    /// Growing a claim's volume.
+    Expand,
     /// This replica took the lease.
     BecameLeader,
     /// This replica let the lease go.
@@ -84,6 +94,7 @@ impl EventAction {
         match self {
             EventAction::Provision => "Provision",
             EventAction::Delete => "Delete",
+            EventAction::Expand => "Expand",
             EventAction::BecameLeader => "BecameLeader",
             EventAction::StoppedLeading => "StoppedLeading",
         }

@@ -291,6 +291,71 @@ impl<'a> Handle<'a> {
         })
     }
 
+    /// The capacity, in bytes, we wrote to the claim's `status` lately ([`Handle::patch_claim_status`]
+    /// with `grown`): the cache may still show the claim asking for it.
+    pub fn grown_to(&self, pvc: &PersistentVolumeClaim) -> Option<u64> {
+        self.ctx
+            .recent
+            .grown_to(pvc.metadata.uid.as_deref().unwrap_or_default())
+    }
+
+    /// A merge patch of a claim's `status` subresource (the growth path's capacity and
+    /// conditions), once the gate and the budget allow; `grown` is the capacity in bytes the
+    /// patch writes, remembered for [`Handle::grown_to`].
+    pub async fn patch_claim_status<E>(
+        &self,
+        pvc: &PersistentVolumeClaim,
+        patch: &serde_json::Value,
+        grown: Option<u64>,
+    ) -> Result<(), E>
+    where
+        E: From<GateError> + From<kube::Error>,
+    {
+        self.gate.check().await?;
+        self.budget().await;
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(
+            self.ctx.client.clone(),
+            &pvc.namespace().unwrap_or_default(),
+        );
+        claims
+            .patch_status(
+                &pvc.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await?;
+        if let Some(bytes) = grown {
+            let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
+            self.ctx.recent.grown(uid, bytes);
+        }
+        Ok(())
+    }
+
+    /// A merge patch of a PV (the growth path's capacity) with the UID and resourceVersion of
+    /// the PV we read as preconditions: a PV changed or replaced since is read again.
+    pub async fn patch_pv_as_read<E>(
+        &self,
+        pv: &PersistentVolume,
+        patch: &serde_json::Value,
+    ) -> Result<(), E>
+    where
+        E: From<GateError> + From<kube::Error>,
+    {
+        self.gate.check().await?;
+        self.budget().await;
+        let mut patch = patch.clone();
+        patch["metadata"]["uid"] = serde_json::json!(pv.metadata.uid);
+        patch["metadata"]["resourceVersion"] = serde_json::json!(pv.metadata.resource_version);
+        Api::<PersistentVolume>::all(self.ctx.client.clone())
+            .patch(
+                &pv.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(())
+    }
+
     /// Deletes exactly the PV we looked at (UID precondition). `Ok(false)`: it was gone already.
     pub async fn delete_pv<E>(&self, live: &PersistentVolume) -> Result<bool, E>
     where
@@ -411,6 +476,8 @@ pub struct RecentWrites {
     claim_finalizers: Mutex<Expiring<bool>>,
     /// PVs (by UID) we deleted.
     deleted: Mutex<Expiring<()>>,
+    /// Claims (by UID) we wrote a grown `status.capacity` for, in bytes.
+    grown: Mutex<Expiring<u64>>,
 }
 
 impl RecentWrites {
@@ -441,11 +508,20 @@ impl RecentWrites {
         self.claim_finalizers.lock().expect("lock").get(uid)
     }
 
-    /// Entries held (both kinds): bounded by the writes of the last two minutes.
+    fn grown(&self, uid: &str, bytes: u64) {
+        self.grown.lock().expect("lock").insert(uid, bytes);
+    }
+
+    fn grown_to(&self, uid: &str) -> Option<u64> {
+        self.grown.lock().expect("lock").get(uid)
+    }
+
+    /// Entries held (every kind): bounded by the writes of the last two minutes.
     pub fn len(&self) -> usize {
         self.created.lock().expect("lock").entries.len()
             + self.claim_finalizers.lock().expect("lock").entries.len()
             + self.deleted.lock().expect("lock").entries.len()
+            + self.grown.lock().expect("lock").entries.len()
     }
 
     /// Whether nothing is remembered.

@@ -13,6 +13,7 @@ pub mod convert;
 pub mod data_source;
 pub mod decide;
 pub mod events;
+pub mod expand;
 pub mod failures;
 pub mod gate;
 pub mod handle;

@@ -142,6 +142,27 @@ impl Metrics {
         self.reconcile_error(Queue::Volumes, kind);
     }
 
+    /// A claim's volume was grown.
+    pub fn expand_succeeded(&self, class: &str) {
+        let labels = VolumeLabels {
+            class: class.into(),
+        };
+        self.inner.series.expand_total.get_or_create(&labels).inc();
+    }
+
+    /// An attempt to grow a claim's volume failed with an error of kind `kind`.
+    pub fn expand_failed(&self, class: &str, kind: &str) {
+        let labels = VolumeLabels {
+            class: class.into(),
+        };
+        self.inner
+            .series
+            .expand_failed_total
+            .get_or_create(&labels)
+            .inc();
+        self.reconcile_error(Queue::Claims, kind);
+    }
+
     fn reconcile_error(&self, queue: Queue, kind: &str) {
         self.inner
             .series

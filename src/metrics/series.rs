@@ -111,6 +111,8 @@ pub(super) struct Series {
     pub(super) delete_total: Family<VolumeLabels, Counter>,
     pub(super) delete_failed_total: Family<VolumeLabels, Counter>,
     pub(super) delete_duration: Family<VolumeLabels, Histogram, fn() -> Histogram>,
+    pub(super) expand_total: Family<VolumeLabels, Counter>,
+    pub(super) expand_failed_total: Family<VolumeLabels, Counter>,
     pub(super) reconcile_errors: Family<ErrorLabels, Counter>,
     pub(super) queue_depth: Family<QueueLabels, Gauge>,
     pub(super) queue_adds: Family<QueueLabels, Counter>,
@@ -141,6 +143,8 @@ impl Series {
             Family::<VolumeLabels, Histogram, fn() -> Histogram>::new_with_constructor(
                 go_histogram,
             );
+        let expand_total = Family::<VolumeLabels, Counter>::default();
+        let expand_failed_total = Family::<VolumeLabels, Counter>::default();
         {
             // The Go library's subsystem is `controller`.
             let lib = registry.sub_registry_with_prefix("controller");
@@ -173,6 +177,17 @@ impl Series {
                 "persistentvolume_delete_duration_seconds",
                 "Latency in seconds to delete persistent volumes. Failed deletion attempts are ignored.",
                 delete_duration.clone(),
+            );
+            // Not the Go library's (it cannot expand): the same shape for claims that grew.
+            lib.register(
+                "persistentvolumeclaim_expand",
+                "Total number of claims whose volumes were grown successfully.",
+                expand_total.clone(),
+            );
+            lib.register(
+                "persistentvolumeclaim_expand_failed",
+                "Total number of failed attempts to grow a claim's volume.",
+                expand_failed_total.clone(),
             );
         }
         let queue_depth = Family::<QueueLabels, Gauge>::default();
@@ -277,6 +292,8 @@ impl Series {
             delete_total,
             delete_failed_total,
             delete_duration,
+            expand_total,
+            expand_failed_total,
             reconcile_errors,
             queue_depth,
             queue_adds,

@@ -22,14 +22,14 @@ wasmtime::component::bindgen!({
 });
 
 pub use self::exports::wasm_provisioner::provisioner::{
-    block_support, cloning, deletion_guard, lifecycle, qualifier,
+    block_support, cloning, deletion_guard, expansion, lifecycle, qualifier,
 };
 pub use self::wasm_provisioner::provisioner::{host, types, volume_builder};
 
 /// The WIT package this host serves, as guests name it in their imports and exports.
 pub const PACKAGE: &str = "wasm-provisioner:provisioner";
 /// The package version this host serves; any `0.1.x` guest links (wasmtime matches `0.y` on the minor).
-pub const PACKAGE_VERSION: &str = "0.1.2";
+pub const PACKAGE_VERSION: &str = "0.1.3";
 
 /// A PV under construction, as a guest built it through the host API (the `volume-spec`
 /// resource). Defined beside the bindings because the generated code names it and it holds

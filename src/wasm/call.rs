@@ -15,7 +15,7 @@ use super::bindings::types::{
     Claim, DeleteRequest, ProvisionError, ProvisionRequest, StorageClass, Volume,
 };
 use super::bindings::{
-    VolumeSpecBuilder, block_support, cloning, deletion_guard, lifecycle, qualifier,
+    VolumeSpecBuilder, block_support, cloning, deletion_guard, expansion, lifecycle, qualifier,
 };
 use super::capabilities::Capabilities;
 use super::errors::{CallError, FaultKind, error_label};
@@ -62,6 +62,10 @@ pub(super) struct ProvisionClone<'r> {
     pub(super) indices: &'r cloning::GuestIndices,
     pub(super) request: &'r ProvisionRequest,
     pub(super) source: &'r CloneSource,
+}
+pub(super) struct Expand<'r> {
+    pub(super) indices: &'r expansion::GuestIndices,
+    pub(super) request: &'r expansion::ExpandRequest,
 }
 pub(super) struct Delete<'r> {
     pub(super) indices: &'r lifecycle::GuestIndices,
@@ -117,6 +121,19 @@ impl Export for ProvisionClone<'_> {
             .call_provision_clone(&mut *store, self.request, self.source)
             .await?;
         spec_taken(store, answer)
+    }
+}
+
+impl Export for Expand<'_> {
+    type Output = Result<u64, ProvisionError>;
+    const OPERATION: &'static str = "expand";
+    async fn invoke(
+        self,
+        store: &mut Store<GuestState>,
+        instance: &Instance,
+    ) -> wasmtime::Result<Self::Output> {
+        let exports = self.indices.load(&mut *store, instance)?;
+        exports.call_expand(&mut *store, self.request).await
     }
 }
 

@@ -23,6 +23,8 @@ pub enum Hook {
     Capabilities,
     /// `cloning.provision-clone` (since 0.1.1).
     Cloning,
+    /// `expansion.expand` (since 0.1.3).
+    Expansion,
 }
 
 impl Hook {
@@ -34,6 +36,7 @@ impl Hook {
             Hook::BlockSupport => "block-support",
             Hook::Capabilities => "capabilities",
             Hook::Cloning => "cloning",
+            Hook::Expansion => "expansion",
         }
     }
 
@@ -44,6 +47,7 @@ impl Hook {
             "block-support" => Some(Hook::BlockSupport),
             "capabilities" => Some(Hook::Capabilities),
             "cloning" => Some(Hook::Cloning),
+            "expansion" => Some(Hook::Expansion),
             _ => None,
         }
     }
@@ -203,6 +207,6 @@ mod tests {
         assert_eq!(info.check(), Err(ContractError::NotAProvisioner));
         info.version = Some("0.2.0".into());
         let msg = info.check().unwrap_err().to_string();
-        assert!(msg.contains("@0.2.0") && msg.contains("@0.1.2"), "{msg}");
+        assert!(msg.contains("@0.2.0") && msg.contains("@0.1.3"), "{msg}");
     }
 }

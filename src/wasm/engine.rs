@@ -13,7 +13,7 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy};
 
 use super::bindings::{
-    ProvisionerFull, block_support, cloning, deletion_guard, lifecycle, qualifier,
+    ProvisionerFull, block_support, cloning, deletion_guard, expansion, lifecycle, qualifier,
 };
 use super::cache::ModuleCache;
 use super::compiler::{CompileLimits, MAX_MODULE_BYTES, base_config, compile_in_child};
@@ -426,6 +426,12 @@ impl WasmEngine {
             .then(|| cloning::GuestIndices::new(&pre))
             .transpose()
             .map_err(link_err)?;
+        let expansion = contract
+            .hooks
+            .contains(&Hook::Expansion)
+            .then(|| expansion::GuestIndices::new(&pre))
+            .transpose()
+            .map_err(link_err)?;
         let capabilities = super::capabilities::find_hook(&component, &contract.exports)
             .map_err(|e| link_err(e.into()))?;
         Ok(Guest {
@@ -444,6 +450,7 @@ impl WasmEngine {
             deletion_guard,
             block_support,
             cloning,
+            expansion,
             capabilities,
             metrics: self.metrics.clone(),
             executor: self.executor.clone(),

@@ -27,7 +27,7 @@ use super::bindings::types::{
     Claim, DeleteRequest, ProvisionError, ProvisionRequest, StorageClass, Volume, VolumeSource,
 };
 use super::bindings::{
-    VolumeSpecBuilder, block_support, cloning, deletion_guard, lifecycle, qualifier,
+    VolumeSpecBuilder, block_support, cloning, deletion_guard, expansion, lifecycle, qualifier,
 };
 use super::call::{
     ASYNC_TIMEOUT_MARGIN, CallOutcome, CallSite, Delete, Export, Output, Provision, ProvisionClone,
@@ -63,6 +63,7 @@ pub struct Guest {
     pub(super) deletion_guard: Option<deletion_guard::GuestIndices>,
     pub(super) block_support: Option<block_support::GuestIndices>,
     pub(super) cloning: Option<cloning::GuestIndices>,
+    pub(super) expansion: Option<expansion::GuestIndices>,
     /// `capabilities.supported`, called by name ([`super::capabilities`]).
     pub(super) capabilities: Option<wasmtime::component::ComponentExportIndex>,
     pub(super) metrics: Option<Metrics>,
@@ -225,13 +226,28 @@ impl Guest {
         .await
     }
 
-    /// Refuses a delete whose storage lies outside the guest's grants as they are now, with
-    /// the check a returned volume passes ([`super::spec::check_source`]: the kind, the path
-    /// prefix, the NFS server and export, the CSI driver and handle) and, for a node path the
-    /// grant has checked on disk, a read-write granted directory holding it. A grant whose
-    /// directory was moved, or whose `[[dirs]]` entry was dropped, while volumes lay there
-    /// would otherwise have every delete answer "already gone" and leave the data behind.
+    /// Refuses a delete whose storage lies outside the guest's grants as they are now
+    /// ([`Guest::outside_grants`]). A grant whose directory was moved, or whose `[[dirs]]`
+    /// entry was dropped, while volumes lay there would otherwise have every delete answer
+    /// "already gone" and leave the data behind.
     fn check_held(&self, volume: &Volume) -> Result<(), CallError> {
+        let Some(why) = self.outside_grants(volume) else {
+            return Ok(());
+        };
+        Err(CallError::Refused {
+            guest: self.name.to_string(),
+            message: format!(
+                "delete of volume {}: {why}; was the grant's directory moved or its [[dirs]] entry dropped since it was provisioned? Nothing was deleted and the PV is kept: grant the storage again, or remove it by hand and release the PV (wasm-provisioner release-finalizers)",
+                volume.name,
+            ),
+        })
+    }
+
+    /// Why `volume`'s storage lies outside the guest's grants as they are now, if it does: the
+    /// check a returned volume passes ([`super::spec::check_source`]: the kind, the path
+    /// prefix, the NFS server and export, the CSI driver and handle) and, for a node path the
+    /// grant has checked on disk, a read-write granted directory holding it.
+    pub(super) fn outside_grants(&self, volume: &Volume) -> Option<String> {
         let why = match super::spec::check_source(&self.grants, &volume.source) {
             Err(error) => super::spec::describe_spec_error(&error),
             Ok(()) => match super::nodepath::node_path(&volume.source) {
@@ -244,17 +260,13 @@ impl Guest {
                 {
                     "it lies in no read-write granted directory".to_owned()
                 }
-                _ => return Ok(()),
+                _ => return None,
             },
         };
-        Err(CallError::Refused {
-            guest: self.name.to_string(),
-            message: format!(
-                "delete of volume {}: its storage, {}, lies outside the guest's current grants ({why}); was the grant's directory moved or its [[dirs]] entry dropped since it was provisioned? Nothing was deleted and the PV is kept: grant the storage again, or remove it by hand and release the PV (wasm-provisioner release-finalizers)",
-                volume.name,
-                describe_source(&volume.source),
-            ),
-        })
+        Some(format!(
+            "its storage, {}, lies outside the guest's current grants ({why})",
+            describe_source(&volume.source)
+        ))
     }
 
     /// What the guest serves beyond a plain claim: its `capabilities` hook, else (a guest built
@@ -351,7 +363,7 @@ impl Guest {
 
     /// The one call path: waits for a slot, runs `export` on a fresh instance within the
     /// deadline, then logs, classifies and counts the outcome.
-    async fn call<E: Export>(&self, export: E) -> Result<E::Output, CallError> {
+    pub(super) async fn call<E: Export>(&self, export: E) -> Result<E::Output, CallError> {
         let mut scope = self.begin().await?;
         let store = &mut scope.store;
         let outcome = tokio::time::timeout(scope.timeout + ASYNC_TIMEOUT_MARGIN, async {
@@ -371,7 +383,7 @@ impl Guest {
         }
     }
 
-    fn fault(&self, kind: FaultKind, message: String) -> CallError {
+    pub(super) fn fault(&self, kind: FaultKind, message: String) -> CallError {
         self.site().fault(kind, message)
     }
 
@@ -418,7 +430,7 @@ impl Guest {
     }
 
     /// Runs a call on the guest executor when there is one, else right here.
-    async fn dispatch<R, F>(&self, call: impl FnOnce(Guest) -> F) -> Result<R, CallError>
+    pub(super) async fn dispatch<R, F>(&self, call: impl FnOnce(Guest) -> F) -> Result<R, CallError>
     where
         F: std::future::Future<Output = Result<R, CallError>> + Send + 'static,
         R: Send + 'static,

@@ -12,6 +12,7 @@ pub mod dirstream;
 pub mod engine;
 pub mod errors;
 pub mod executor;
+pub mod expand;
 pub mod fs_view;
 pub mod grants;
 pub mod guest;

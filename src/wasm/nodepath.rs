@@ -140,6 +140,38 @@ pub fn check_source(
     super::ownership::apply(dir, ownership).map_err(|e| refused(&e.to_string()))
 }
 
+/// Raises the limit of the volume at `source`'s path to `volume.bytes` when that path lies in a
+/// size-enforcing directory ([`sized::raise`]), walked from its granted directory with no link
+/// in any component: the path on the PV, never one a pod could have changed under it. `false`
+/// when there is no limit to raise (an NFS or CSI source, a directory without `sizes`).
+pub fn grow(
+    grants: &Grants,
+    source: &VolumeSource,
+    volume: &OnDisk<'_>,
+) -> Result<bool, NodePathError> {
+    let Some(path) = node_path(source).map(Path::new) else {
+        return Ok(false);
+    };
+    let (Some((_, backend)), Some(root)) =
+        (sized::sized_dir(grants, path), checkable_root(grants, path))
+    else {
+        return Ok(false);
+    };
+    let failed = |message: String| sized_error(path, message);
+    let end = walk_beneath(root, path)?
+        .ok_or_else(|| failed("the volume is not there; nothing to grow".into()))?;
+    let dir = sized::reopen(&end).map_err(|e| failed(std::io::Error::from(e).to_string()))?;
+    sized::raise(
+        backend,
+        &dir,
+        volume.pv,
+        volume.bytes,
+        &path.display().to_string(),
+    )
+    .map_err(|e| failed(e.to_string()))?;
+    Ok(true)
+}
+
 /// What the host knows of the volume whose path it checks: the PV it is for and its capacity
 /// (the limit of a volume with an enforced size).
 #[derive(Debug, Clone, Copy)]

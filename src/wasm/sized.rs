@@ -226,6 +226,37 @@ pub fn limit(
         })
 }
 
+/// Raises the limit of the volume `volume` (at `shown`) to its PV's new capacity `bytes`, when
+/// it is a volume the host made for `pv`; a limit already as high stays (a limit is never
+/// lowered here: a claim cannot shrink).
+pub fn raise(
+    backend: SizeBackend,
+    volume: &OwnedFd,
+    pv: &str,
+    bytes: u64,
+    shown: &str,
+) -> Result<(), SizedError> {
+    let size = |source: SizeError| SizedError::Size {
+        path: shown.to_owned(),
+        source,
+    };
+    let mark = marked_for(volume).map_err(|errno| SizedError::Os {
+        path: shown.to_owned(),
+        message: explain(errno),
+    })?;
+    if !backend.is_volume(volume).map_err(size)? || mark.as_deref() != Some(pv) {
+        return Err(SizedError::NotOurs {
+            path: shown.to_owned(),
+            pv: pv.to_owned(),
+        });
+    }
+    let limit = backend.usage(volume).map_err(size)?.max_referenced;
+    if limit.is_some_and(|limit| limit >= bytes) {
+        return Ok(());
+    }
+    backend.set_limit(volume, bytes).map_err(size)
+}
+
 /// Destroys a leftover staging volume of this PV (a crash between making and placing it).
 fn clear_staging(
     backend: SizeBackend,

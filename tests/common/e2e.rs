@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Event, Namespace, PersistentVolume, PersistentVolumeClaim,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use wp_harness::{ControlPlane, Process, wait_for};
@@ -244,6 +244,36 @@ impl Fixture {
         .await
     }
 
+    /// Asks claim `claim` for `size` (a growth), as its user would.
+    pub async fn resize(&self, claim: &str, size: &str) -> anyhow::Result<()> {
+        let patch = json!({"spec": {"resources": {"requests": {"storage": size}}}});
+        self.claims()
+            .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("resize claim {claim} to {size}"))?;
+        Ok(())
+    }
+
+    /// Waits until claim `claim`'s `status.capacity.storage` is `size`; returns the claim.
+    pub async fn wait_capacity(
+        &self,
+        claim: &str,
+        size: &str,
+    ) -> anyhow::Result<PersistentVolumeClaim> {
+        let claims = self.claims();
+        self.wait(&format!("claim {claim} with capacity {size}"), || async {
+            let c = claims.get(claim).await?;
+            let capacity = c
+                .status
+                .as_ref()
+                .and_then(|s| s.capacity.as_ref())
+                .and_then(|c| c.get("storage"))
+                .map(|q| q.0.clone());
+            Ok((capacity.as_deref() == Some(size)).then_some(c))
+        })
+        .await
+    }
+
     /// (reason, message) of every event about the object with this UID.
     pub async fn events(&self, uid: &str) -> anyhow::Result<Vec<(String, String)>> {
         let events: Api<Event> = Api::all(self.admin.clone());
@@ -296,6 +326,7 @@ pub struct ClassBuilder {
     reclaim: String,
     binding: String,
     mount_options: Vec<String>,
+    allow_expansion: Option<bool>,
 }
 
 impl ClassBuilder {
@@ -311,6 +342,7 @@ impl ClassBuilder {
             reclaim: "Delete".into(),
             binding: "Immediate".into(),
             mount_options: Vec::new(),
+            allow_expansion: None,
         }
     }
 
@@ -354,6 +386,12 @@ impl ClassBuilder {
         self
     }
 
+    /// `allowVolumeExpansion: true`.
+    pub fn allow_expansion(mut self) -> Self {
+        self.allow_expansion = Some(true);
+        self
+    }
+
     /// Serves another provisioner name than the test's own.
     pub fn provisioner(mut self, provisioner: &str) -> Self {
         self.provisioner = provisioner.into();
@@ -369,6 +407,7 @@ impl ClassBuilder {
             "reclaimPolicy": self.reclaim,
             "volumeBindingMode": self.binding,
             "mountOptions": self.mount_options,
+            "allowVolumeExpansion": self.allow_expansion,
         }))
         .expect("a StorageClass")
     }

@@ -217,14 +217,26 @@ impl FakeApi {
             }
             Method::PATCH => {
                 let version = state.version + 1;
+                // The status subresource: only `status` of the object changes.
+                let (path, subresource) = match path.strip_suffix("/status") {
+                    Some(object) => (object, true),
+                    None => (path, false),
+                };
                 let Some(object) = state.objects.get_mut(path) else {
                     return not_found(path);
                 };
                 let wanted = &body["metadata"]["resourceVersion"];
-                if !wanted.is_null() && *wanted != object["metadata"]["resourceVersion"] {
+                let wanted_uid = &body["metadata"]["uid"];
+                if (!wanted.is_null() && *wanted != object["metadata"]["resourceVersion"])
+                    || (!wanted_uid.is_null() && *wanted_uid != object["metadata"]["uid"])
+                {
                     return status(StatusCode::CONFLICT, "Conflict", path);
                 }
-                apply_patch(object, &body, content_type.contains("strategic"));
+                if subresource {
+                    merge(&mut object["status"], &body["status"]);
+                } else {
+                    apply_patch(object, &body, content_type.contains("strategic"));
+                }
                 object["metadata"]["resourceVersion"] = json!(version.to_string());
                 let object = object.clone();
                 state.version = version;

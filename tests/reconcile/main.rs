@@ -1,7 +1,8 @@
 //! The controller shell without a cluster: claim and volume reconciles against a fake API server
 //! behind a real `kube::Client`, with the real scripted guest from `guests/`. One test per branch,
 //! one file per path: `claim_path`, `claim_intents` (the claim side of the intent log),
-//! `volume_path`, `recovery` and `log_safety`, `claim_cache` and `relist`, `capabilities`; this
+//! `volume_path`, `recovery` and `log_safety`, `claim_cache` and `relist`, `capabilities`,
+//! `expansion`; this
 //! file holds the world they share. The whole layer runs in seconds; the end-to-end suites prove
 //! the same paths against a real control plane.
 
@@ -12,6 +13,7 @@ mod claim_path;
 #[path = "../common/mod.rs"]
 mod common;
 mod data_sources;
+mod expansion;
 mod fake_api;
 mod log_safety;
 mod ownership;

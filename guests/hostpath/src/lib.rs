@@ -8,6 +8,8 @@
 //! clone:     as provision, then the source's directory copied (links as links) into
 //!            .<pv>.cloning within clone-timeout-ms ─▶ renamed to <dir>
 //! delete:    PV annotations (or hostPath) ─▶ directory ─▶ archive (rename) or remove
+//! expand:    PV annotations (or hostPath) ─▶ directory still there ─▶ the request's size
+//!            (the host raises the limit where the grant enforces sizes)
 //! ```
 //!
 //! The granted directory is preopened at `guest-dir`; `node-dir` is the same directory as the
@@ -25,8 +27,8 @@ use wasm_provisioner_sdk::dirs;
 use wasm_provisioner_sdk::pattern::{self, PatternValues};
 
 use wasm_provisioner_sdk::{
-    CloneSource, DeleteRequest, Host, HostPathType, ProvisionError, ProvisionRequest, Provisioner,
-    VolumeSpec, final_error,
+    CloneSource, DeleteRequest, ExpandRequest, Host, HostPathType, ProvisionError,
+    ProvisionRequest, Provisioner, VolumeSpec, final_error,
 };
 
 /// PV annotation recording the volume's directory, relative to the granted directory.
@@ -75,7 +77,7 @@ fn describe(
     Ok((config, dir, spec))
 }
 
-wasm_provisioner_sdk::export_provisioner!(Hostpath, hooks: [cloning]);
+wasm_provisioner_sdk::export_provisioner!(Hostpath, hooks: [cloning, expansion]);
 
 impl Provisioner for Hostpath {
     fn provision(
@@ -115,6 +117,26 @@ impl Provisioner for Hostpath {
             &[("pv", &request.pv_name), ("source", &source.volume.name)],
         );
         Ok(spec)
+    }
+
+    /// A directory holds whatever fits: there is nothing to grow but the limit, which the host
+    /// raises (in a grant directory with `sizes`). The directory must still be there.
+    fn expand(request: &ExpandRequest, host: &dyn Host) -> Result<u64, ProvisionError> {
+        let config = HostpathConfig::parse(&request.config)?;
+        let volume = &request.volume;
+        let dir = deletion::directory_to_delete(volume, &config).map_err(final_error)?;
+        if !dirs::present(&config.guest_dir, &config.guest_path(&dir))? {
+            return Err(final_error(format!(
+                "the directory of {} ({dir}) is gone; there is nothing to grow",
+                volume.name
+            )));
+        }
+        let bytes = request.requested_bytes.to_string();
+        host.info(
+            "growing hostPath volume",
+            &[("pv", &volume.name), ("dir", &dir), ("bytes", &bytes)],
+        );
+        Ok(request.requested_bytes)
     }
 
     fn delete(request: &DeleteRequest, host: &dyn Host) -> Result<(), ProvisionError> {
@@ -223,6 +245,32 @@ mod tests {
             host.logs().iter().any(|line| line.contains("already gone")),
             "{:?}",
             host.logs()
+        );
+    }
+
+    #[test]
+    fn a_volume_grows_to_the_request_while_its_directory_is_there() {
+        let dir = Dir::new("expand");
+        let host = dir.host();
+        let request = request(&dir, &[]);
+        let spec = Hostpath::provision(&request, &host).unwrap();
+        let grow = testing::expand_request(
+            testing::volume(&request, &spec),
+            testing::class("hostpath", &[]),
+            2 << 30,
+            &dir.config(),
+        );
+        assert_eq!(Hostpath::expand(&grow, &host).unwrap(), 2 << 30);
+        assert!(
+            host.logs().iter().any(|line| line.contains("growing")),
+            "{:?}",
+            host.logs()
+        );
+        fs::remove_dir(dir.0.join("pvc-uid-team-a-data")).unwrap();
+        let error = Hostpath::expand(&grow, &host).unwrap_err();
+        assert!(
+            matches!(&error, ProvisionError::Final(m) if m.contains("is gone")),
+            "{error:?}"
         );
     }
 

@@ -9,6 +9,8 @@
 //!            copied (links as links) into .<pv>.cloning within clone-timeout-ms ─▶ renamed
 //! delete:    PV (path, node annotation) ─▶ node directory gone? done : remove the directory
 //!            (and a cut-short clone copy)
+//! expand:    PV (path, node annotation) ─▶ the directory still there ─▶ the request's size
+//!            (the host raises the limit where the grant enforces sizes)
 //! hooks:     with `local-node` set (one instance per node), only that node's claims and volumes
 //! ```
 //!
@@ -24,8 +26,8 @@ use std::time::{Duration, Instant};
 use config::LocalPathConfig;
 use plan::{ClonePlan, Plan, VolumeType};
 use wasm_provisioner_sdk::{
-    Claim, CloneSource, DeleteRequest, Host, HostPathType, ProvisionError, ProvisionRequest,
-    Provisioner, StorageClass, Volume, VolumeSpec, dirs, final_error,
+    Claim, CloneSource, DeleteRequest, ExpandRequest, Host, HostPathType, ProvisionError,
+    ProvisionRequest, Provisioner, StorageClass, Volume, VolumeSpec, dirs, final_error,
 };
 
 pub use plan::{NODE_ANNOTATION, SHARED_ANNOTATION};
@@ -33,7 +35,7 @@ pub use plan::{NODE_ANNOTATION, SHARED_ANNOTATION};
 /// The guest.
 pub struct LocalPath;
 
-wasm_provisioner_sdk::export_provisioner!(LocalPath, hooks: [qualifier, deletion_guard, cloning]);
+wasm_provisioner_sdk::export_provisioner!(LocalPath, hooks: [qualifier, deletion_guard, cloning, expansion]);
 
 /// The volume a plan describes, checked by the host before anything is created.
 fn describe(
@@ -150,6 +152,39 @@ impl Provisioner for LocalPath {
         Ok(())
     }
 
+    /// Nothing to grow but the limit, which the host raises (in a grant directory with
+    /// `sizes`); the directory must still be there. Another node's volume (with `local-node`
+    /// set) is not this instance's to answer for.
+    fn expand(request: &ExpandRequest, host: &dyn Host) -> Result<u64, ProvisionError> {
+        let volume = &request.volume;
+        if !plan::serves_volume(volume, &request.config) {
+            return Err(ProvisionError::Ignored(format!(
+                "{} is another node's volume",
+                volume.name
+            )));
+        }
+        let config = LocalPathConfig::parse(&request.config)?;
+        let target = plan::deletion(volume).map_err(final_error)?;
+        let guest_path = config.guest_path(target.node.as_deref(), &target.path);
+        let parent = dirs::parent_of(&guest_path).unwrap_or("/");
+        if !dirs::present(parent, &guest_path)? {
+            return Err(final_error(format!(
+                "the directory of {} ({}) is gone; there is nothing to grow",
+                volume.name, target.path
+            )));
+        }
+        let bytes = request.requested_bytes.to_string();
+        host.info(
+            "growing local path",
+            &[
+                ("pv", &volume.name),
+                ("path", &target.path),
+                ("bytes", &bytes),
+            ],
+        );
+        Ok(request.requested_bytes)
+    }
+
     fn should_provision(claim: &Claim, _class: &StorageClass, config: &str) -> bool {
         plan::serves_claim(claim, config)
     }
@@ -229,10 +264,23 @@ mod tests {
             "idempotent"
         );
 
+        let grow = testing::expand_request(
+            testing::volume(&request, &spec),
+            testing::class("local", &[]),
+            5 << 30,
+            &nodes.config(),
+        );
+        assert_eq!(LocalPath::expand(&grow, &host).unwrap(), 5 << 30);
+
         let delete = testing::delete_request(testing::volume(&request, &spec), &nodes.config());
         LocalPath::delete(&delete, &host).unwrap();
         assert!(!dir.exists());
         LocalPath::delete(&delete, &host).unwrap();
+        let error = LocalPath::expand(&grow, &host).unwrap_err();
+        assert!(
+            matches!(&error, ProvisionError::Final(m) if m.contains("is gone")),
+            "{error:?}"
+        );
     }
 
     /// Issue 32: a node's directory that is not there (unmounted, moved) was "deleted without

@@ -7,6 +7,8 @@
 //! delete:    append calls.log ─▶ scripted failure (delete-fail annotations) ─▶ deleteDelayMs ─▶ rm -r <pv> (or the byClaim directory)
 //! clone:     provision-clone records its source in <pv>.source, waits while clones.hold exists,
 //!            then provisions as above
+//! expand:    append calls.log ─▶ count <pv>.expand-attempts ─▶ scripted failure (expandFail,
+//!            expandFailTimes) or the requested bytes (one less with expandShort)
 //! hooks:     should-provision (claim skip annotation), should-delete (PV keep annotation),
 //!            supported (capabilities: block and selector), supports-block (always true; the
 //!            host asks `supported` instead, this stays for the old contract's sake)
@@ -30,6 +32,7 @@ wit_bindgen::generate!({
 use config::ScriptedConfig;
 use exports::wasm_provisioner::provisioner::capabilities::{self, CapabilitySet};
 use exports::wasm_provisioner::provisioner::cloning::{self, CloneSource};
+use exports::wasm_provisioner::provisioner::expansion::{self, ExpandRequest};
 use exports::wasm_provisioner::provisioner::{block_support, deletion_guard, lifecycle, qualifier};
 use script::ProvisionScript;
 use wasm_provisioner::provisioner::host;
@@ -74,6 +77,25 @@ impl cloning::Guest for Scripted {
             std::thread::sleep(Duration::from_millis(20));
         }
         provision(&request)
+    }
+}
+
+/// Growth is scripted by the class's `expand*` parameters; every call is recorded.
+impl expansion::Guest for Scripted {
+    fn expand(request: ExpandRequest) -> Result<u64, ProvisionError> {
+        let pv = &request.volume.name;
+        let state = StateDir::open(&request.config, pv)?;
+        state.record_call("expand", pv)?;
+        let script = ProvisionScript::parse(&request.storage_class.parameters)
+            .map_err(ProvisionError::Final)?;
+        let attempt = state.count_attempt(&format!("{pv}.expand-attempts"))?;
+        if let Some(failure) = script.expand_failure(attempt) {
+            let message = format!("scripted {failure:?} failure growing {pv}, attempt {attempt}");
+            return Err(failure
+                .into_error(message)
+                .unwrap_or_else(|| panic!("scripted trap growing {pv}")));
+        }
+        Ok(request.requested_bytes - u64::from(script.expand_short))
     }
 }
 

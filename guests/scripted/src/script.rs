@@ -31,6 +31,9 @@ const KNOWN_PARAMETERS: &[&str] = &[
     "keep",
     "pinToSelectedNode",
     "ignoreSpecErrors",
+    "expandFail",
+    "expandFailTimes",
+    "expandShort",
 ];
 
 /// How a scripted call fails.
@@ -106,6 +109,13 @@ pub struct ProvisionScript {
     /// `pinToSelectedNode: "true"`: pin the volume to the selected node (`kubernetes.io/hostname`),
     /// as node-local guests do; for the node-deployment tests.
     pub pin_to_selected_node: bool,
+    /// `expandFail`: how `expand` fails.
+    pub expand_fail: Option<Failure>,
+    /// `expandFailTimes`: how many `expand` attempts fail before one succeeds (all when unset).
+    pub expand_fail_times: Option<u64>,
+    /// `expandShort: "true"`: `expand` answers one byte less than the request (which the host
+    /// must refuse).
+    pub expand_short: bool,
 }
 
 impl ProvisionScript {
@@ -150,6 +160,17 @@ impl ProvisionScript {
                     script.pin_to_selected_node =
                         parse_bool(value).ok_or_else(|| invalid("a boolean"))?;
                 }
+                "expandFail" => {
+                    script.expand_fail = Some(Failure::parse(value).ok_or_else(|| {
+                        invalid("one of final, transient, in-background, ignored, trap")
+                    })?)
+                }
+                "expandFailTimes" => {
+                    script.expand_fail_times = Some(value.parse().map_err(|_| invalid("a count"))?)
+                }
+                "expandShort" => {
+                    script.expand_short = parse_bool(value).ok_or_else(|| invalid("a boolean"))?
+                }
                 "ignoreSpecErrors" => {
                     script.ignore_spec_errors =
                         parse_bool(value).ok_or_else(|| invalid("a boolean"))?;
@@ -168,6 +189,11 @@ impl ProvisionScript {
     /// How provision attempt number `attempt` (1-based, per PV) fails, if it does.
     pub fn provision_failure(&self, attempt: u64) -> Option<Failure> {
         failure_for_attempt(self.fail, self.fail_times, attempt)
+    }
+
+    /// How expand attempt number `attempt` (1-based, per PV) fails, if it does.
+    pub fn expand_failure(&self, attempt: u64) -> Option<Failure> {
+        failure_for_attempt(self.expand_fail, self.expand_fail_times, attempt)
     }
 
     /// The annotations provision records on the PV for `delete` and `should-delete` to read.

@@ -21,10 +21,10 @@ pub mod hooks {
         wit_bindgen::generate!({
             path: "../../wit",
             inline: "package wasm-provisioner:sdk-qualifier;
-                     world qualifier-hook { export wasm-provisioner:provisioner/qualifier@0.1.2; }",
+                     world qualifier-hook { export wasm-provisioner:provisioner/qualifier@0.1.3; }",
             world: "wasm-provisioner:sdk-qualifier/qualifier-hook",
             with: {
-                "wasm-provisioner:provisioner/types@0.1.2": crate::bindings::wasm_provisioner::provisioner::types,
+                "wasm-provisioner:provisioner/types@0.1.3": crate::bindings::wasm_provisioner::provisioner::types,
             },
             pub_export_macro: true,
             export_macro_name: "export_qualifier",
@@ -36,10 +36,10 @@ pub mod hooks {
         wit_bindgen::generate!({
             path: "../../wit",
             inline: "package wasm-provisioner:sdk-deletion-guard;
-                     world deletion-guard-hook { export wasm-provisioner:provisioner/deletion-guard@0.1.2; }",
+                     world deletion-guard-hook { export wasm-provisioner:provisioner/deletion-guard@0.1.3; }",
             world: "wasm-provisioner:sdk-deletion-guard/deletion-guard-hook",
             with: {
-                "wasm-provisioner:provisioner/types@0.1.2": crate::bindings::wasm_provisioner::provisioner::types,
+                "wasm-provisioner:provisioner/types@0.1.3": crate::bindings::wasm_provisioner::provisioner::types,
             },
             pub_export_macro: true,
             export_macro_name: "export_deletion_guard",
@@ -51,7 +51,7 @@ pub mod hooks {
         wit_bindgen::generate!({
             path: "../../wit",
             inline: "package wasm-provisioner:sdk-capabilities;
-                     world capabilities-hook { export wasm-provisioner:provisioner/capabilities@0.1.2; }",
+                     world capabilities-hook { export wasm-provisioner:provisioner/capabilities@0.1.3; }",
             world: "wasm-provisioner:sdk-capabilities/capabilities-hook",
             pub_export_macro: true,
             export_macro_name: "export_capabilities",
@@ -64,16 +64,31 @@ pub mod hooks {
             path: "../../wit",
             inline: "package wasm-provisioner:sdk-cloning;
                      world cloning-hook {
-                         import wasm-provisioner:provisioner/volume-builder@0.1.2;
-                         export wasm-provisioner:provisioner/cloning@0.1.2;
+                         import wasm-provisioner:provisioner/volume-builder@0.1.3;
+                         export wasm-provisioner:provisioner/cloning@0.1.3;
                      }",
             world: "wasm-provisioner:sdk-cloning/cloning-hook",
             with: {
-                "wasm-provisioner:provisioner/types@0.1.2": crate::bindings::wasm_provisioner::provisioner::types,
-                "wasm-provisioner:provisioner/volume-builder@0.1.2": crate::bindings::wasm_provisioner::provisioner::volume_builder,
+                "wasm-provisioner:provisioner/types@0.1.3": crate::bindings::wasm_provisioner::provisioner::types,
+                "wasm-provisioner:provisioner/volume-builder@0.1.3": crate::bindings::wasm_provisioner::provisioner::volume_builder,
             },
             pub_export_macro: true,
             export_macro_name: "export_cloning",
+        });
+    }
+
+    /// `expansion` (`expand`).
+    pub mod expansion {
+        wit_bindgen::generate!({
+            path: "../../wit",
+            inline: "package wasm-provisioner:sdk-expansion;
+                     world expansion-hook { export wasm-provisioner:provisioner/expansion@0.1.3; }",
+            world: "wasm-provisioner:sdk-expansion/expansion-hook",
+            with: {
+                "wasm-provisioner:provisioner/types@0.1.3": crate::bindings::wasm_provisioner::provisioner::types,
+            },
+            pub_export_macro: true,
+            export_macro_name: "export_expansion",
         });
     }
 
@@ -82,7 +97,7 @@ pub mod hooks {
         wit_bindgen::generate!({
             path: "../../wit",
             inline: "package wasm-provisioner:sdk-block-support;
-                     world block-support-hook { export wasm-provisioner:provisioner/block-support@0.1.2; }",
+                     world block-support-hook { export wasm-provisioner:provisioner/block-support@0.1.3; }",
             world: "wasm-provisioner:sdk-block-support/block-support-hook",
             pub_export_macro: true,
             export_macro_name: "export_block_support",

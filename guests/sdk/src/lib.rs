@@ -80,6 +80,20 @@ pub trait Provisioner {
         ))
     }
 
+    /// Hook `expansion`: grows the storage behind `request.volume` to hold at least
+    /// `request.requested_bytes` and returns the capacity it has now (at least that). The host
+    /// raises the limit of a volume it enforces a size on itself, from this answer, and writes
+    /// the new capacity to the PV and the claim; a guest has nothing to grow for a plain
+    /// directory and returns the request. Idempotent: called again after a failure. Export it
+    /// with `hooks: [expansion]`; a guest that does not is never asked, and the host says its
+    /// classes cannot expand.
+    fn expand(request: &ExpandRequest, _host: &dyn Host) -> Result<u64, ProvisionError> {
+        let _ = request;
+        Err(crate::final_error(
+            "this guest does not grow volumes (it exports no expansion hook)",
+        ))
+    }
+
     /// Hook `block-support` (the contract before `capabilities`): whether `volumeMode: Block`
     /// claims can be provisioned. Not asked when `capabilities` is exported.
     fn supports_block() -> bool {
@@ -130,10 +144,13 @@ macro_rules! __export_hook {
     (cloning, $adapter:ident) => {
         $crate::bindings::hooks::cloning::export_cloning!($adapter with_types_in $crate::bindings::hooks::cloning);
     };
+    (expansion, $adapter:ident) => {
+        $crate::bindings::hooks::expansion::export_expansion!($adapter with_types_in $crate::bindings::hooks::expansion);
+    };
     ($other:ident, $adapter:ident) => {
         compile_error!(concat!(
             "unknown hook `", stringify!($other),
-            "`: the hooks are qualifier, deletion_guard, capabilities, block_support and cloning"
+            "`: the hooks are qualifier, deletion_guard, capabilities, block_support, cloning and expansion"
         ));
     };
 }
@@ -207,6 +224,15 @@ pub mod __private {
             ) -> Result<volume_builder::VolumeSpec, ProvisionError> {
                 let spec = T::provision_clone(&request, &source, &WasmHost)?;
                 Ok(spec.build()?)
+            }
+        }
+
+        impl<T: Provisioner>
+            hooks::expansion::exports::wasm_provisioner::provisioner::expansion::Guest
+            for Adapter<T>
+        {
+            fn expand(request: crate::ExpandRequest) -> Result<u64, ProvisionError> {
+                T::expand(&request, &WasmHost)
             }
         }
 

@@ -243,3 +243,18 @@ pub fn delete_request(volume: Volume, config: &str) -> DeleteRequest {
         config: config.to_owned(),
     }
 }
+
+/// An expand request for `volume` of `class`, asking for `requested_bytes`.
+pub fn expand_request(
+    volume: Volume,
+    class: StorageClass,
+    requested_bytes: u64,
+    config: &str,
+) -> crate::ExpandRequest {
+    crate::ExpandRequest {
+        volume,
+        requested_bytes,
+        storage_class: class,
+        config: config.to_owned(),
+    }
+}

@@ -11,6 +11,9 @@ pub use crate::bindings::wasm_provisioner::provisioner::types::{
 /// The claim a clone copies, as the host hands it to [`crate::Provisioner::provision_clone`].
 pub use crate::bindings::hooks::cloning::exports::wasm_provisioner::provisioner::cloning::CloneSource;
 
+/// What the host hands to [`crate::Provisioner::expand`]: the volume, the new request, its class.
+pub use crate::bindings::hooks::expansion::exports::wasm_provisioner::provisioner::expansion::ExpandRequest;
+
 /// The value of `key` in a list of pairs (labels, annotations, parameters).
 pub fn lookup<'a>(pairs: &'a [Pair], key: &str) -> Option<&'a str> {
     pairs

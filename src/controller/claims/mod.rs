@@ -74,7 +74,9 @@ fn claim_fingerprint(pvc: &PersistentVolumeClaim, ctx: &Context) -> u64 {
         provisioner,
         decide::claim_class(pvc),
         decide::selected_node(pvc),
-        class.and_then(|c| c.metadata.uid.clone()),
+        class.as_ref().and_then(|c| c.metadata.uid.clone()),
+        // A class that starts allowing growth is a new chance for a claim refused before.
+        class.and_then(|c| c.allow_volume_expansion),
         guest,
         pvc.metadata.deletion_timestamp.is_some(),
     ))
@@ -118,6 +120,11 @@ pub async fn reconcile(
     pvc: Arc<PersistentVolumeClaim>,
     ctx: Arc<Context>,
 ) -> Result<Action, ClaimError> {
+    if let Some(requested) = super::expand::wanted(&pvc) {
+        // Bound, so no provision is due: the claim asks to grow.
+        let fingerprint = claim_fingerprint(&pvc, &ctx);
+        return super::expand::reconcile(pvc, ctx, requested, fingerprint).await;
+    }
     let uid = pvc.metadata.uid.clone().ok_or(ClaimError::NoUid)?;
     let handle = Handle::open(&ctx, LockKey::Claim(uid.clone()))?;
     let class = decide::claim_class(&pvc).unwrap_or_default().to_string();

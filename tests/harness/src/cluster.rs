@@ -15,7 +15,7 @@ use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 /// Namespace deploy/ and deploy/node/ run in.
@@ -295,6 +295,41 @@ impl NodeCluster {
             .await
             .with_context(|| format!("creating claim {namespace}/{name}"))?;
         Ok(())
+    }
+
+    /// Asks claim `namespace/name` for `size`, as its user would (a growth).
+    pub async fn resize_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+        size: &str,
+    ) -> anyhow::Result<()> {
+        let patch = json!({"spec": {"resources": {"requests": {"storage": size}}}});
+        Api::<PersistentVolumeClaim>::namespaced(self.admin.clone(), namespace)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("resizing claim {namespace}/{name} to {size}"))?;
+        Ok(())
+    }
+
+    /// Waits until claim `namespace/name` has `size` in `status.capacity`.
+    pub async fn wait_claim_capacity(
+        &self,
+        namespace: &str,
+        name: &str,
+        size: &str,
+    ) -> anyhow::Result<()> {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.admin.clone(), namespace);
+        wait_for(
+            &format!("claim {namespace}/{name} with capacity {size}"),
+            STEP,
+            || async {
+                let claim = claims.get(name).await?;
+                let capacity = claim.status.and_then(|s| s.capacity).unwrap_or_default();
+                Ok((capacity.get("storage").map(|q| q.0.as_str()) == Some(size)).then_some(()))
+            },
+        )
+        .await
     }
 
     pub async fn wait_bound(
