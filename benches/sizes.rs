@@ -97,6 +97,42 @@ fn spread_in(mut d: Vec<Duration>, scale: f64) -> String {
     )
 }
 
+/// The hostpath guest twice on one btrfs: on a plain directory and on a size-enforcing one.
+struct Side {
+    plain_dir: std::path::PathBuf,
+    sized_dir: std::path::PathBuf,
+    plain: Arc<Guest>,
+    sized: Arc<Guest>,
+    /// The plugins directories, kept while the guests run.
+    _plugins: (PluginsDir, PluginsDir),
+}
+
+impl Side {
+    fn on(fs: &Btrfs) -> Side {
+        let plain_dir = fs.mnt.join("plain");
+        let sized_dir = fs.mnt.join("sized");
+        std::fs::create_dir(&plain_dir).unwrap();
+        std::fs::create_dir(&sized_dir).unwrap();
+        let (p1, plain) = load(&plain_dir, false);
+        let (p2, sized) = load(&sized_dir, true);
+        Side {
+            plain: plain.for_provisioner(PROVISIONER).unwrap().clone(),
+            sized: sized.for_provisioner(PROVISIONER).unwrap().clone(),
+            plain_dir,
+            sized_dir,
+            _plugins: (p1, p2),
+        }
+    }
+}
+
+/// The load average, as /proc/loadavg says it.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
 /// One provision through the guest: the call, the on-disk check and (sized) the volume.
 async fn provision_one(guest: &Arc<Guest>, name: &str) -> Duration {
     let req = request(
@@ -119,16 +155,13 @@ async fn provision_part(fs: &Btrfs) {
     use wasm_provisioner::sizes::SizeBackend;
     let volumes = env_usize("WP_BENCH_VOLUMES", 200);
     let in_flight = env_usize("WP_BENCH_IN_FLIGHT", 3);
-    let plain_dir = fs.mnt.join("plain");
-    let sized_dir = fs.mnt.join("sized");
-    std::fs::create_dir(&plain_dir).unwrap();
-    std::fs::create_dir(&sized_dir).unwrap();
-    let (_p1, plain) = load(&plain_dir, false);
-    let (_p2, sized) = load(&sized_dir, true);
-    let (plain, sized) = (
-        plain.for_provisioner(PROVISIONER).unwrap().clone(),
-        sized.for_provisioner(PROVISIONER).unwrap().clone(),
-    );
+    let Side {
+        sized_dir,
+        plain,
+        sized,
+        _plugins,
+        ..
+    } = Side::on(fs);
     let (mut plain_one, mut sized_one) = (Vec::new(), Vec::new());
     for i in 0..volumes {
         plain_one.push(provision_one(&plain, &format!("p{i}")).await);
@@ -222,12 +255,7 @@ async fn provision_part(fs: &Btrfs) {
 #[tokio::main]
 async fn main() {
     if std::env::var("WP_BENCH_PART").as_deref() == Ok("provision") {
-        println!(
-            "provisioning, plain vs sized; load {}",
-            std::fs::read_to_string("/proc/loadavg")
-                .unwrap_or_default()
-                .trim()
-        );
+        println!("provisioning, plain vs sized; load {}", load_average());
         let fs = Btrfs::of(16 << 30).with_quotas();
         provision_part(&fs).await;
         return;
@@ -237,21 +265,16 @@ async fn main() {
     println!(
         "deleting a volume holding {files} files in {} directories, {runs} runs each, alternating; load {}",
         files.div_ceil(1000),
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
+        load_average()
     );
     let fs = Btrfs::of(16 << 30).with_quotas();
-    let plain_dir = fs.mnt.join("plain");
-    let sized_dir = fs.mnt.join("sized");
-    std::fs::create_dir(&plain_dir).unwrap();
-    std::fs::create_dir(&sized_dir).unwrap();
-    let (_p1, plain) = load(&plain_dir, false);
-    let (_p2, sized) = load(&sized_dir, true);
-    let (plain, sized) = (
-        plain.for_provisioner(PROVISIONER).unwrap().clone(),
-        sized.for_provisioner(PROVISIONER).unwrap().clone(),
-    );
+    let Side {
+        plain_dir,
+        sized_dir,
+        plain,
+        sized,
+        _plugins,
+    } = Side::on(&fs);
     let (mut walked, mut destroyed) = (Vec::new(), Vec::new());
     for run in 0..runs {
         walked.push(one(&plain, &plain_dir, &format!("plain-{run}"), files).await);
@@ -267,10 +290,5 @@ async fn main() {
         "| subvolume (`host.destroy-volume`; extents freed after, in the kernel) | {} |",
         spread(destroyed)
     );
-    println!(
-        "load at the end {}",
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
-    );
+    println!("load at the end {}", load_average());
 }

@@ -9,7 +9,7 @@
 
 use super::bindings::expansion::ExpandRequest;
 use super::call::Expand;
-use super::errors::{CallError, FaultKind};
+use super::errors::CallError;
 use super::guest::Guest;
 use super::nodepath::{self, OnDisk};
 use super::spec::MAX_CAPACITY_BYTES;
@@ -75,28 +75,14 @@ impl Guest {
         .await
     }
 
-    /// [`nodepath::grow`] on the blocking pool within the call's deadline: a pod can hold a
-    /// directory of the path locked.
+    /// [`nodepath::grow`] through [`Guest::on_disk`] (the blocking pool, the call's deadline).
     async fn raise_limit(&self, request: &ExpandRequest, bytes: u64) -> Result<bool, CallError> {
         let grants = self.grants.clone();
         let (source, pv) = (request.volume.source.clone(), request.volume.name.clone());
-        let walk = tokio::task::spawn_blocking(move || {
+        let what = format!("raising the limit of {pv}");
+        self.on_disk(what, move || {
             nodepath::grow(&grants, &source, &OnDisk { pv: &pv, bytes })
-        });
-        let refused = |message: String| CallError::Rejected {
-            guest: self.name().to_owned(),
-            message,
-        };
-        match tokio::time::timeout(self.grants.call_timeout, walk).await {
-            Ok(Ok(grown)) => grown.map_err(|e| refused(e.to_string())),
-            Ok(Err(e)) => Err(refused(format!("raising the limit did not finish: {e}"))),
-            Err(_) => Err(self.fault(
-                FaultKind::Deadline,
-                format!(
-                    "raising the limit of {} was blocked for {:?} (a directory of its path locked by another process?)",
-                    request.volume.name, self.grants.call_timeout
-                ),
-            )),
-        }
+        })
+        .await
     }
 }

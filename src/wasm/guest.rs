@@ -339,26 +339,48 @@ impl Guest {
             pv_name.clone(),
             built.capacity.unwrap_or(request.claim.requested_bytes),
         );
-        let walk = tokio::task::spawn_blocking(move || {
-            let volume = super::nodepath::OnDisk { pv: &pv, bytes };
-            super::nodepath::check_source(&grants, &source, &ownership, &volume)
-        });
-        let checked = match tokio::time::timeout(self.grants.call_timeout, walk).await {
-            Ok(Ok(checked)) => checked.map_err(|e| rejected(e.to_string())),
-            Ok(Err(e)) => Err(rejected(format!("the path check did not finish: {e}"))),
-            Err(_) => Err(self.fault(
-                FaultKind::Deadline,
-                format!(
-                    "the check of {path} on disk was blocked for {:?} (a directory of it locked by another process?)",
-                    self.grants.call_timeout
-                ),
-            )),
-        };
+        let checked = self
+            .on_disk(format!("the check of {path} on disk"), move || {
+                let volume = super::nodepath::OnDisk { pv: &pv, bytes };
+                super::nodepath::check_source(&grants, &source, &ownership, &volume)
+            })
+            .await;
         if let Err(error) = checked {
             super::served::served().release(pv_name);
             return Err(error);
         }
         Ok(built)
+    }
+
+    /// Runs `work`, a walk of a node path, on the blocking pool within the call's deadline: a
+    /// pod can hold a directory of the path locked. Its error (or a walk that did not finish)
+    /// refuses what the guest returned; a walk still blocked at the deadline is a fault naming
+    /// `what`.
+    pub(super) async fn on_disk<T, E>(
+        &self,
+        what: String,
+        work: impl FnOnce() -> Result<T, E> + Send + 'static,
+    ) -> Result<T, CallError>
+    where
+        T: Send + 'static,
+        E: std::fmt::Display + Send + 'static,
+    {
+        let rejected = |message: String| CallError::Rejected {
+            guest: self.name.to_string(),
+            message,
+        };
+        let walk = tokio::task::spawn_blocking(work);
+        match tokio::time::timeout(self.grants.call_timeout, walk).await {
+            Ok(Ok(done)) => done.map_err(|e| rejected(e.to_string())),
+            Ok(Err(e)) => Err(rejected(format!("{what} did not finish: {e}"))),
+            Err(_) => Err(self.fault(
+                FaultKind::Deadline,
+                format!(
+                    "{what} was blocked for {:?} (a directory of its path locked by another process?)",
+                    self.grants.call_timeout
+                ),
+            )),
+        }
     }
 
     /// The one call path: waits for a slot, runs `export` on a fresh instance within the
@@ -383,7 +405,7 @@ impl Guest {
         }
     }
 
-    pub(super) fn fault(&self, kind: FaultKind, message: String) -> CallError {
+    fn fault(&self, kind: FaultKind, message: String) -> CallError {
         self.site().fault(kind, message)
     }
 

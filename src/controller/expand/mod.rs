@@ -200,7 +200,8 @@ async fn expand_with(
     let had = request.volume.capacity_bytes;
     // A PV that says as much already was grown before (a process killed before the claim's
     // write, or an operator's edit): it is not written again, and never made smaller.
-    let capacity = plan::capacity_quantity(pvc, grown.bytes.max(had));
+    let bytes = grown.bytes.max(had);
+    let capacity = plan::capacity_quantity(pvc, bytes);
     if grown.bytes > had {
         let patch = json!({ "spec": { "capacity": { "storage": capacity } } });
         match handle.patch_pv_as_read::<ClaimError>(pv, &patch).await {
@@ -214,11 +215,7 @@ async fn expand_with(
         }
     }
     handle
-        .patch_claim_status::<ClaimError>(
-            pvc,
-            &plan::grown_patch(pvc, &capacity),
-            Some(grown.bytes.max(had)),
-        )
+        .patch_claim_status::<ClaimError>(pvc, &plan::grown_patch(pvc, &capacity), Some(bytes))
         .await?;
     handle.event(
         &pvc.object_ref(&()),
