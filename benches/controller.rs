@@ -18,6 +18,7 @@
 //! docs/benchmarks.md): when set, throughput runs it on the same control plane, its runs
 //! alternating with ours (at its own defaults, QPS 5 / burst 10, in the "each at its defaults"
 //! profile; at ours in the others that it has), and memory adds its RSS in the same states.
+//! `WP_BENCH_BURN=N` keeps N threads spinning during the throughput runs (both cores busy).
 //! The load average is printed at the start and the end. `WP_BENCH_CLAIMS` (default 500) and `WP_BENCH_OBJECTS` (default 10000) size the runs;
 //! `WP_BENCH_RUNS` (default 3) processes per memory figure; `WP_BENCH_PARTS` (default `throughput,memory`; also `foreign`) picks the parts; `WP_BENCH_PROFILES` (indexes,
 //! default all) picks the client profiles.
@@ -48,27 +49,42 @@ struct Profile {
     name: &'static str,
     qps: f64,
     burst: u32,
-    workers: usize,
+    /// Our `--worker-threads`, or `None` for our default (not passed).
+    workers: Option<usize>,
+    /// The Go library's `-worker-threads` (its default is 4).
+    go_workers: usize,
     extra: &'static [&'static str],
     /// The Go library's client settings in this profile (its example's defaults where ours run
     /// at ours), or `None` where the profile only varies our flags.
     go: Option<(f64, u32)>,
 }
 
-const PROFILES: [Profile; 5] = [
+/// Our `--worker-threads` default, for the raw rate's concurrency where a profile keeps it.
+const OUR_DEFAULT_WORKERS: usize = 32;
+
+impl Profile {
+    /// Requests the raw rate keeps in flight: as many as our reconciles.
+    fn raw_concurrency(&self) -> usize {
+        self.workers.unwrap_or(OUR_DEFAULT_WORKERS)
+    }
+}
+
+const PROFILES: [Profile; 6] = [
     Profile {
-        name: "each at its defaults (4 workers)",
+        name: "each at its defaults (workers: ours 32, Go 4)",
         qps: 50.0,
         burst: 100,
-        workers: 4,
+        workers: None,
+        go_workers: 4,
         extra: &[],
         go: Some((5.0, 10)),
     },
     Profile {
-        name: "equal budget (qps 100, burst 200, 4 workers), intent log",
+        name: "equal budget (qps 100, burst 200; workers: each its default, ours 32, Go 4), intent log",
         qps: 100.0,
         burst: 200,
-        workers: 4,
+        workers: None,
+        go_workers: 4,
         extra: &[],
         go: Some((100.0, 200)),
     },
@@ -76,7 +92,8 @@ const PROFILES: [Profile; 5] = [
         name: "equal budget, --intent-record=claim-finalizer",
         qps: 100.0,
         burst: 200,
-        workers: 4,
+        workers: None,
+        go_workers: 4,
         extra: &["--intent-record=claim-finalizer"],
         go: None,
     },
@@ -84,7 +101,8 @@ const PROFILES: [Profile; 5] = [
         name: "equal budget, --intent-record=off (no leak protection)",
         qps: 100.0,
         burst: 200,
-        workers: 4,
+        workers: None,
+        go_workers: 4,
         extra: &["--intent-record=off"],
         go: None,
     },
@@ -92,9 +110,19 @@ const PROFILES: [Profile; 5] = [
         name: "raised (qps 200, burst 400, 16 workers)",
         qps: 200.0,
         burst: 400,
-        workers: 16,
+        workers: Some(16),
+        go_workers: 16,
         extra: &[],
         go: Some((200.0, 400)),
+    },
+    Profile {
+        name: "equal budget, 4 workers each (the Go library's default), intent log",
+        qps: 100.0,
+        burst: 200,
+        workers: Some(4),
+        go_workers: 4,
+        extra: &[],
+        go: Some((100.0, 200)),
     },
 ];
 
@@ -309,7 +337,7 @@ async fn raw_rate(
                     .map(|_| ())
             }
         })
-        .buffer_unordered(p.workers)
+        .buffer_unordered(p.raw_concurrency())
         .try_collect::<Vec<()>>()
         .await?;
     let create = start.elapsed();
@@ -322,7 +350,7 @@ async fn raw_rate(
                 pvs.delete(name, &DeleteParams::default()).await.map(|_| ())
             }
         })
-        .buffer_unordered(p.workers)
+        .buffer_unordered(p.raw_concurrency())
         .try_collect::<Vec<()>>()
         .await?;
     Ok((create, start.elapsed()))
@@ -582,7 +610,11 @@ async fn provision_run(
                     "--kube-api-burst",
                     &burst.to_string(),
                 ])
-                .args(["--worker-threads", &p.workers.to_string()])
+                .args(
+                    p.workers
+                        .iter()
+                        .flat_map(|n| ["--worker-threads".to_string(), n.to_string()]),
+                )
                 .args(p.extra)
                 .args(["--leader-election=false"])
                 // The intent log lives where the provisioner's Role is (deploy/rbac.yaml).
@@ -590,7 +622,7 @@ async fn provision_run(
                 .env("RUST_LOG", "warn,wasm_provisioner::controller::start=info");
             cmd
         }
-        Side::Go => go_command(&reach.go, storage, qps, burst, p.workers),
+        Side::Go => go_command(&reach.go, storage, qps, burst, p.go_workers),
     };
     let mut process = Process::spawn(cmd, cp.run_dir().join(format!("bench-{tag}.log")))?;
     wait_for("provisioner ready", Duration::from_secs(120), || async {
@@ -990,6 +1022,42 @@ fn loadavg() -> String {
         .unwrap_or_default()
 }
 
+/// Threads that keep cores busy (`WP_BENCH_BURN`) while the runs go: both programs then share
+/// what is left, as on a node with other work. Stopped when dropped.
+struct CpuBurner {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl CpuBurner {
+    fn start(threads: usize) -> CpuBurner {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..threads)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        x = std::hint::black_box(
+                            x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                        );
+                    }
+                })
+            })
+            .collect();
+        CpuBurner { stop, threads }
+    }
+}
+
+impl Drop for CpuBurner {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
 async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Result<()> {
     let runs = env_usize("WP_BENCH_RUNS", 3);
     let go = go_binary().is_some();
@@ -998,14 +1066,21 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
         apply_yaml(admin, &go_rbac(cp)).await?;
     }
     let reach = Reach::new(cp).await?;
+    let burners = env_usize("WP_BENCH_BURN", 0);
+    let _burn = CpuBurner::start(burners);
     println!(
-        "\nthroughput: {n} claims POSTed on 8 connections, hostpath guest, kube-apiserver/kube-controller-manager v1.20.2 on loopback{}; \
+        "\nthroughput: {n} claims POSTed on 8 connections, hostpath guest, kube-apiserver/kube-controller-manager v1.20.2 on loopback{}{}; \
          timed from the provisioner's readiness; {runs} runs per profile (min / median / max){}\n",
         if reach.delay_ms > 0 {
             format!(
                 ", the provisioners {} ms away (one way, a delaying proxy; no throttling)",
                 reach.delay_ms
             )
+        } else {
+            String::new()
+        },
+        if burners > 0 {
+            format!(", {burners} threads of the bench spinning on the same cores throughout")
         } else {
             String::new()
         },

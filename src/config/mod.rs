@@ -358,7 +358,7 @@ mod tests {
 --retry-interval-max short=None env=None default=[1000s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["RETRY_INTERVAL_MAX"]) hidden=false required=false
 --retry-interval-start short=None env=None default=[15s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["RETRY_INTERVAL_START"]) hidden=false required=false
 --shutdown-grace short=None env=None default=[30s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["SHUTDOWN_GRACE"]) hidden=false required=false
---worker-threads short=None env=None default=[4] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["WORKER_THREADS"]) hidden=false required=false
+--worker-threads short=None env=None default=[32] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["WORKER_THREADS"]) hidden=false required=false
 "#;
 
     #[test]
@@ -400,7 +400,7 @@ mod tests {
             panic!("run")
         };
         let s = args.settings().unwrap();
-        assert_eq!(s.worker_threads.get(), 4);
+        assert_eq!(s.worker_threads.get(), 32);
         assert_eq!(s.retry_interval_start, Duration::from_secs(15));
         assert_eq!(s.retry_interval_max, Duration::from_secs(1000));
         assert_eq!(s.resync_period, Duration::from_secs(900));

@@ -88,7 +88,11 @@ pub struct ApiClientArgs {
 #[command(next_help_heading = "Controller")]
 pub struct ControllerArgs {
     /// Concurrent claim reconciles, and as many volume reconciles.
-    #[arg(long, default_value_t = 4)]
+    ///
+    /// Tasks, not threads: a reconcile spends most of its time waiting for the API server, so
+    /// this many (one fewer claim attempts) keep the API budget, not the distance to the API
+    /// server, the bound on throughput (docs/benchmarks.md).
+    #[arg(long, default_value_t = 32)]
     pub worker_threads: u16,
     /// How often every claim and volume is reconciled again.
     #[arg(long, default_value = "15m", value_parser = parse_duration)]

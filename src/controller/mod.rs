@@ -110,7 +110,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            worker_threads: NonZeroU16::new(4).expect("4 is not zero"),
+            worker_threads: NonZeroU16::new(32).expect("32 is not zero"),
             retry_interval_start: Duration::from_secs(15),
             retry_interval_max: Duration::from_secs(1000),
             resync_period: Duration::from_secs(15 * 60),

@@ -21,7 +21,7 @@ use super::contract::{ContractInfo, Hook};
 use super::errors::LoadError;
 use super::executor::{ExecutorOptions, GuestExecutor};
 use super::grants::Grants;
-use super::guest::Guest;
+use super::guest::{Guest, claim_slots};
 use super::host::GuestState;
 use super::nodefs::{DEFAULT_KUBELET_DIR, NodeFilesystems};
 use super::pool::{POOL_CORE_INSTANCES, PoolLedger, pool_units};
@@ -441,6 +441,7 @@ impl WasmEngine {
             pool_units: pool_units(grants.instances, grants.memories),
             pool_reservation: None,
             semaphore: Arc::new(Semaphore::new(grants.max_concurrency)),
+            claim_semaphore: Arc::new(Semaphore::new(claim_slots(grants.max_concurrency))),
             grants: Arc::new(grants),
             sha256: sha256.into(),
             contract: Arc::new(contract),

@@ -44,6 +44,12 @@ use super::pool::PoolReservation;
 use super::spec::BuiltVolume;
 use crate::metrics::Metrics;
 
+/// How many calls of a guest with `max_concurrency` slots may be claims' at once: one fewer
+/// (at least one), so that a delete always finds a slot.
+pub fn claim_slots(max_concurrency: usize) -> usize {
+    max_concurrency.saturating_sub(1).max(1)
+}
+
 /// A compiled, linked guest with its grants. Cheap to clone; every call is independent.
 #[derive(Clone)]
 pub struct Guest {
@@ -52,6 +58,9 @@ pub struct Guest {
     pub(super) sha256: Arc<str>,
     pub(super) contract: Arc<ContractInfo>,
     pub(super) semaphore: Arc<Semaphore>,
+    /// Slots a claim's calls may hold: one fewer than `semaphore`'s, so that a delete always
+    /// finds one free however many claims are in flight ([`Guest::claim_slot`]).
+    pub(super) claim_semaphore: Arc<Semaphore>,
     pub(super) pool_slots: Option<Arc<Semaphore>>,
     /// Units of the pool each call holds ([`super::pool::pool_units`]).
     pub(super) pool_units: u32,
@@ -96,6 +105,16 @@ impl Guest {
     /// What it implements.
     pub fn contract(&self) -> &ContractInfo {
         &self.contract
+    }
+
+    /// Waits until a claim's calls may run: at most one fewer than `max-concurrency` claims
+    /// call the guest at once (its last slot is a delete's), while many more claims may be in
+    /// flight, most of their time spent on API round trips, not in the guest.
+    pub async fn claim_slot(&self) -> tokio::sync::SemaphorePermit<'_> {
+        self.claim_semaphore
+            .acquire()
+            .await
+            .expect("claim semaphore is never closed")
     }
 
     /// Whether every concurrency slot is taken: a caller that should not wait in line (a

@@ -39,6 +39,6 @@ pub use bindings::types::{ProvisionError, SpecError};
 pub use engine::{EngineOptions, Pooling, WasmEngine};
 pub use errors::{CallError, FaultKind, LoadError};
 pub use grants::Grants;
-pub use guest::Guest;
+pub use guest::{Guest, claim_slots};
 pub use plugins::{Availability, Plugins};
 pub use reload::load_dir;

@@ -297,7 +297,7 @@ async fn legacy_entry(log: &IntentLog, pv: &PersistentVolume, deleted: bool) {
         entry.deleted = Some(Storage::of(pv, None));
     }
     let uid = pv.metadata.uid.as_deref().unwrap();
-    log.record(uid, &Intent::Volume(entry), Vec::new())
+    log.record(uid, &Intent::Volume(entry), Default::default())
         .await
         .expect("recorded");
     // No reconcile of this process works on it: it is recovery's.
@@ -540,7 +540,7 @@ async fn a_storage_delete_that_keeps_failing_stops_at_the_threshold_and_can_be_f
     let other = Intent::claim(P, "pvc-u-other", NS, "other");
     tokio::time::timeout(
         Duration::from_secs(10),
-        log.record("u-other", &other, Vec::new()),
+        log.record("u-other", &other, Default::default()),
     )
     .await
     .expect("written in time")

@@ -335,9 +335,12 @@ async fn call_guest(
         held: ctx.settings.add_pv_finalizer,
     };
     let source = held.as_ref().map(|held| &held.source);
-    let built = handle
-        .guest(storage::build(guest, &request, source, &identity))
-        .await;
+    let built = {
+        let _slot = guest.claim_slot().await;
+        handle
+            .guest(storage::build(guest, &request, source, &identity))
+            .await
+    };
     if let Some(held) = held {
         clone::let_go(handle, held, &pvc).await;
     }
@@ -366,10 +369,13 @@ async fn qualified(
     class: &StorageClass,
     pv_name: &str,
 ) -> Result<Option<Box<ProvisionRequest>>, ClaimError> {
-    match handle
-        .guest(storage::qualify(guest, pvc, class, pv_name))
-        .await?
-    {
+    let qualified = {
+        let _slot = guest.claim_slot().await;
+        handle
+            .guest(storage::qualify(guest, pvc, class, pv_name))
+            .await?
+    };
+    match qualified {
         Ok(Qualified::Ready(request)) => Ok(Some(request)),
         Ok(Qualified::Unsupported(missing)) => {
             // Final for this spec: given up at once (no retries, no threshold to reach), our

@@ -197,6 +197,36 @@ impl State {
         woken
     }
 
+    /// Up to `count` claims whose turns come next, in the order they would come: those woken
+    /// with a turn kept for them, then the parked ones, one class after another round the
+    /// classes as [`State::fill`] wakes them. A guess, not a promise: limits change and claims go.
+    pub(super) fn next_up(&self, count: usize) -> Vec<ClaimRef> {
+        let mut next: Vec<ClaimRef> = self
+            .classes
+            .values()
+            .flat_map(|turns| turns.woken.keys().cloned())
+            .take(count)
+            .collect();
+        let queues: Vec<&VecDeque<ClaimRef>> = self
+            .rotation
+            .iter()
+            .filter_map(|class| self.classes.get(class).map(|turns| &turns.parked))
+            .collect();
+        let mut depth = 0;
+        while next.len() < count && queues.iter().any(|queue| queue.len() > depth) {
+            for queue in &queues {
+                if next.len() >= count {
+                    break;
+                }
+                if let Some(claim) = queue.get(depth) {
+                    next.push(claim.clone());
+                }
+            }
+            depth += 1;
+        }
+        next
+    }
+
     /// Attempts of `class` in flight.
     pub(super) fn running(&self, class: &str) -> usize {
         self.classes.get(class).map_or(0, |turns| turns.running)

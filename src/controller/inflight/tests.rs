@@ -119,23 +119,31 @@ fn a_class_annotation_caps_its_own_claims_below_the_workers() {
 }
 
 #[test]
-fn claims_never_take_their_guests_last_slot_over_every_class_it_serves() {
-    let turns = Turns::new(16);
+fn a_guests_turns_are_a_few_per_claim_slot_over_every_class_it_serves() {
+    let turns = Turns::new(64);
     let mut wakeups = turns.wakeups();
     let (x, y, z) = (class("x", None), class("y", None), class("z", None));
+    // Four slots: three for claims' calls (the fourth is a delete's), eight turns each.
+    assert_eq!(super::guest_turns(4), 24);
     let on = |class, guest, name: &str| turns.acquire_or_park(class, guest, 4, claim(name));
-    let held = [on(&x, "g", "x-0"), on(&x, "g", "x-1"), on(&y, "g", "y-0")];
+    let held: Vec<_> = (0..24)
+        .map(|n| {
+            let class = if n % 2 == 0 { &x } else { &y };
+            on(class, "g", &format!("c-{n}"))
+        })
+        .collect();
     assert!(held.iter().all(Option::is_some));
     assert!(
         on(&y, "g", "y-1").is_none(),
-        "the guest's fourth slot is left to deletes"
+        "the guest's turns are taken, over both its classes"
     );
-    let other = on(&z, "h", "z-0").expect("another guest has slots of its own");
+    let other = on(&z, "h", "z-0").expect("another guest has turns of its own");
     drop(other);
     drop(held);
     assert_eq!(woken(&mut wakeups), ["y-1"]);
-    assert!(
-        turns.acquire_or_park(&x, "solo", 1, claim("s")).is_some(),
+    assert_eq!(
+        super::guest_turns(1),
+        8,
         "a guest of one slot still serves claims"
     );
 }
@@ -242,9 +250,13 @@ fn a_kept_turn_taken_on_another_guest_frees_the_first_guests_slot_at_once() {
     let turns = Turns::new(16);
     let mut wakeups = turns.wakeups();
     let (x, y) = (class("x", None), class("y", None));
-    // Guest `g` has two slots: one for claims.
+    // Guest `g` has two slots: one for claims, eight turns.
     let on = |class, guest, name: &str| turns.acquire_or_park(class, guest, 2, claim(name));
-    let held = on(&x, "g", "x-0").expect("g's slot");
+    let mut others: Vec<_> = (0..7)
+        .map(|n| on(&y, "g", &format!("y-held-{n}")))
+        .collect();
+    assert!(others.iter().all(Option::is_some));
+    let held = on(&x, "g", "x-0").expect("g's last turn");
     assert!(on(&x, "g", "c").is_none());
     assert!(on(&y, "g", "y-1").is_none());
     drop(held);
@@ -257,4 +269,5 @@ fn a_kept_turn_taken_on_another_guest_frees_the_first_guests_slot_at_once() {
         "g's slot went to y at once, not at the next refresh"
     );
     drop(c);
+    others.clear();
 }

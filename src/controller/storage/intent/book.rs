@@ -7,6 +7,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use super::IntentError;
 use super::entry::{Intent, MAX_ENTRY_BYTES, MAX_LOG_BYTES};
 
+/// Entries written as called ahead of their turn ([`LogState::put_soon`]) at most at once.
+pub(super) const SOON_WHILE_BELOW: usize = 64;
+
 #[derive(Default)]
 pub(super) struct LogState {
     /// Key (claim or PV UID) -> stored text: what the next write holds.
@@ -26,6 +29,9 @@ pub(super) struct LogState {
     pub(super) fresh: HashSet<String>,
     /// Keys recorded ahead whose own turn has not come yet.
     pub(super) ahead: HashSet<String>,
+    /// Keys written as called because their turn was next in line ([`LogState::put_soon`]),
+    /// whose own turn has not come yet: bounded by [`SOON_WHILE_BELOW`].
+    pub(super) soon: HashSet<String>,
     /// Keys whose outcome this process does not know: taken from a stored log (an earlier
     /// process, another replica), or whose last guest call ended without an answer (a fault, a
     /// timeout, a build going on in the background).
@@ -89,6 +95,27 @@ impl LogState {
         }
     }
 
+    /// Records `intent` as called under `key`, ahead of a turn that is next in line: the write
+    /// that some other claim's turn makes anyway carries it, and this claim's own turn then
+    /// needs no write of its own. Nothing is written for a key already held as called, and
+    /// nothing once [`SOON_WHILE_BELOW`] such keys wait for their turns: a guess that keeps
+    /// missing (limits lowered, claims gone) costs at most that many entries that say "called"
+    /// of a claim whose guest was not. Like ahead, a saving: what does not fit waits its turn.
+    pub(super) fn put_soon(&mut self, key: String, intent: &Intent, generation: u64) {
+        if self.soon.len() >= SOON_WHILE_BELOW {
+            return;
+        }
+        let held_ahead = self.ahead.contains(&key);
+        if self.entries.contains_key(&key) && !held_ahead {
+            return;
+        }
+        let called = intent.clone().marked_ahead(false);
+        if self.put(&key, &called, generation).is_ok() {
+            self.ahead.remove(&key);
+            self.soon.insert(key);
+        }
+    }
+
     /// Forgets entries someone else removed from the stored log (the caller replaces
     /// `written` with what the write stored).
     pub(super) fn forget_removed(&mut self, removed: &[String]) {
@@ -114,6 +141,7 @@ impl LogState {
     pub(super) fn remove(&mut self, key: &str) -> bool {
         self.entry_generation.remove(key);
         self.ahead.remove(key);
+        self.soon.remove(key);
         self.unknown.remove(key);
         match self.entries.remove(key) {
             Some(text) => {

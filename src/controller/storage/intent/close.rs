@@ -33,8 +33,9 @@ pub enum Closed {
 }
 
 impl IntentLog {
-    /// Entries recorded ahead of their turn whose turn never came (their guest was never
-    /// called: they stand for no storage) leave the log. For a clean stop, once no reconcile runs:
+    /// Entries recorded ahead of their turn, or written as called because it was next in line,
+    /// whose turn never came (their guest was never called: they stand for no storage) leave
+    /// the log. For a clean stop, once no reconcile runs:
     /// returns how many left.
     pub fn drop_ahead(&self) -> usize {
         let mut state = self.state();
@@ -42,7 +43,9 @@ impl IntentLog {
             .entries
             .keys()
             .filter(|key| !state.fresh.contains(*key))
-            .filter(|key| state.intent(key).is_some_and(|held| held.is_ahead()))
+            .filter(|key| {
+                state.soon.contains(*key) || state.intent(key).is_some_and(|held| held.is_ahead())
+            })
             .cloned()
             .collect();
         for key in &ahead {

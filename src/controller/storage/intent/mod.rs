@@ -76,6 +76,15 @@ pub enum IntentError {
     },
 }
 
+/// The claims queued behind the one whose intent is recorded, riding on its write.
+#[derive(Debug, Default)]
+pub struct Behind {
+    /// Next in line (their turns come within about one write): written as called.
+    pub soon: Vec<(String, Intent)>,
+    /// Further back: written marked as recorded ahead.
+    pub ahead: Vec<(String, Intent)>,
+}
+
 /// This replica's intent log.
 pub struct IntentLog {
     api: Api<ConfigMap>,
@@ -116,42 +125,42 @@ impl IntentLog {
         self.state.lock().expect("intent log lock")
     }
 
-    /// Records an intent durably: returns once a write holding it has succeeded. `ahead` are
-    /// entries for work that will come soon (the queue behind this one): they ride on the same
-    /// write, marked as recorded ahead (their guest not called), and one that does not fit is
-    /// left out. An entry recorded ahead loses that mark when its own turn comes, in a write
-    /// that succeeds before this returns (before its guest is called): a stored entry marked
-    /// ahead is one whose guest was never called, whenever the process stops. Any other intent
-    /// already written returns at once. An entry that does not fit fails alone.
+    /// Records an intent durably: returns once a write holding it has succeeded. `behind` are
+    /// the claims queued behind this one, riding on the same write: those next in line written
+    /// as called (`behind.soon`: their own turns then need no write, see
+    /// [`book::LogState::put_soon`]), the rest marked as recorded ahead (their guest not called);
+    /// one that does not fit is left out. An entry recorded ahead loses that mark when its own
+    /// turn comes, in a write that succeeds before this returns (before its guest is called): a
+    /// stored entry marked ahead is one whose guest was never called, whenever the process
+    /// stops. Any other intent already written returns at once. An entry that does not fit
+    /// fails alone.
     pub async fn record(
         &self,
         key: &str,
         intent: &Intent,
-        ahead: Vec<(String, Intent)>,
+        behind: Behind,
     ) -> Result<(), IntentError> {
         let generation = {
             let mut state = self.state();
             state.fresh.insert(key.to_string());
             state.ahead.remove(key);
+            state.soon.remove(key);
             let held_ahead = state.intent(key).filter(Intent::is_ahead);
-            match state.entry_generation.get(key).copied() {
-                Some(_) if held_ahead.is_some() => {
-                    let called = held_ahead.expect("held").marked_ahead(false);
+            let pending = state.entry_generation.get(key).copied();
+            match (held_ahead, pending) {
+                (None, Some(generation)) if generation <= state.flushed => return Ok(()),
+                // Held already and on its way: the next write carries it.
+                (None, Some(generation)) => generation,
+                (held_ahead, _) => {
+                    let entry =
+                        held_ahead.map_or_else(|| intent.clone(), |held| held.marked_ahead(false));
                     let generation = state.generation + 1;
-                    state.put(key, &called, generation)?;
+                    state.put(key, &entry, generation)?;
                     state.generation = generation;
-                    for (other, intent) in ahead {
-                        state.put_ahead(other, &intent, generation);
+                    for (other, intent) in behind.soon {
+                        state.put_soon(other, &intent, generation);
                     }
-                    generation
-                }
-                Some(generation) if generation <= state.flushed => return Ok(()),
-                Some(generation) => generation,
-                None => {
-                    let generation = state.generation + 1;
-                    state.put(key, intent, generation)?;
-                    state.generation = generation;
-                    for (other, intent) in ahead {
+                    for (other, intent) in behind.ahead {
                         state.put_ahead(other, &intent, generation);
                     }
                     generation
@@ -299,6 +308,12 @@ impl IntentLog {
     /// Entries recorded ahead whose own turn has not come yet.
     pub fn ahead_len(&self) -> usize {
         self.state().ahead.len()
+    }
+
+    /// Entries written as called because their turn was next in line, whose turn has not come
+    /// yet.
+    pub fn soon_len(&self) -> usize {
+        self.state().soon.len()
     }
 
     /// Entries held (in memory: the next write's content).
