@@ -830,6 +830,146 @@ async fn a_kill_loop_during_200_deletes_leaves_no_storage(
     Ok(())
 }
 
+/// Issue 35's kill loop: 60 claims on a size-enforcing grant (every volume a subvolume the host
+/// makes and limits to its claim) provisioned and then deleted while the provisioner is
+/// SIGKILLed every 700 ms, so kills land between the subvolume, its rename, its limit and the
+/// PV create, and between DELETEs and subvolume destroys; then left in peace. Every claim has
+/// one PV on a subvolume of its own limited to its size (never two PVs on one subvolume, no
+/// subvolume without a PV); once all are deleted, no subvolume and no qgroup of theirs is left.
+async fn a_kill_loop_on_a_size_enforcing_grant_leaves_no_subvolume_or_qgroup(
+    cp: Arc<ControlPlane>,
+) -> anyhow::Result<()> {
+    use common::btrfs::{Btrfs, run};
+    use std::os::fd::AsFd;
+    use wasm_provisioner::sizes::{SizeBackend, btrfs};
+    let count = 60;
+    let fs = Btrfs::new();
+    let fx = common::e2e::Fixture::new(cp, SUITE, "sized-kill").await?;
+    let plugins = common::PluginsDir::new();
+    let grant = common::dir_grant(&fx.provisioner, &fs.mnt, "/volumes", "").replacen(
+        "access = \"read-write\"\n",
+        "access = \"read-write\"\nsizes = \"btrfs\"\nenable-quotas = true\n",
+        1,
+    );
+    plugins.add("hostpath", "hostpath", &grant);
+    let mut w = World {
+        fx,
+        storage: tempfile::tempdir()?,
+        plugins,
+        process: None,
+    };
+    w.start(&[])?;
+    let class = w.class("c").create().await?;
+    for n in 0..count {
+        w.claim(&format!("c{n}"))
+            .class(&class)
+            .size("16Mi")
+            .create()
+            .await?;
+    }
+    let mut kills = 0;
+    while kills < 10 && w.bound_count().await? < count {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        w.process.as_mut().expect("running").kill();
+        kills += 1;
+        w.start(&[])?;
+    }
+    w.wait("every claim bound", || async {
+        Ok((w.bound_count().await? == count).then_some(()))
+    })
+    .await?;
+    let subvolumes = || {
+        run(
+            "btrfs",
+            &["subvolume", "list", common::btrfs::path(&fs.mnt)],
+        )
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .count()
+    };
+    let mut ids = std::collections::BTreeSet::new();
+    for n in 0..count {
+        let pv = w.wait_bound(&format!("c{n}")).await?;
+        let path = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_path.as_ref())
+            .map(|h| std::path::PathBuf::from(&h.path))
+            .ok_or_else(|| anyhow::anyhow!("{} is not a hostPath PV", pv.name_any()))?;
+        let usage = SizeBackend::Btrfs.usage(std::fs::File::open(&path)?)?;
+        ensure!(
+            usage.max_referenced == Some(16 << 20),
+            "{}: {usage:?}",
+            path.display()
+        );
+        ensure!(ids.insert(usage.id), "two PVs on subvolume {}", usage.id);
+    }
+    let provisioning_kills = kills;
+    ensure!(
+        subvolumes() == count,
+        "{} subvolumes for {count} PVs",
+        subvolumes()
+    );
+    let claims = w.claims();
+    claims
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    let pvs = w.pvs();
+    let ours = |pv: &k8s_openapi::api::core::v1::PersistentVolume| {
+        pv.spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.as_deref())
+            == Some(class.as_str())
+    };
+    let left = || async {
+        anyhow::Ok(
+            pvs.list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter(|pv| ours(pv))
+                .count(),
+        )
+    };
+    while kills < provisioning_kills + 8 && left().await? > 0 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        w.process.as_mut().expect("running").kill();
+        kills += 1;
+        w.start(&[])?;
+    }
+    w.wait("every PV gone", || async {
+        Ok((left().await? == 0).then_some(()))
+    })
+    .await?;
+    ensure!(
+        subvolumes() == 0,
+        "subvolumes left: {}",
+        run(
+            "btrfs",
+            &["subvolume", "list", common::btrfs::path(&fs.mnt)]
+        )
+    );
+    for id in &ids {
+        btrfs::wait_dropped(fs.root().as_fd(), *id)?;
+    }
+    let qgroups = btrfs::qgroup_ids(fs.root().as_fd())?;
+    let kept: Vec<_> = ids
+        .iter()
+        .filter(|id| qgroups.contains(id) || qgroups.contains(&btrfs::volume_qgroup(**id)))
+        .collect();
+    println!(
+        "sized kill loop: {count} claims on btrfs, {provisioning_kills} SIGKILLs while provisioning and {} while deleting; subvolumes and qgroups left: {}",
+        kills - provisioning_kills,
+        kept.len()
+    );
+    ensure!(
+        kept.is_empty(),
+        "qgroups of destroyed volumes left: {kept:?}"
+    );
+    ensure!(!w.logs_forbidden(), "{}", w.fx.logs());
+    Ok(())
+}
+
 /// The same crash with the intent on the claim itself (`--intent-record=claim-finalizer`, the
 /// record of per-claim and node modes): the finalizer holds the claim until the restarted
 /// controller releases it. Nothing records what the guest built, so it is not asked again (it
@@ -889,6 +1029,7 @@ fn main() -> std::process::ExitCode {
         retain_then_delete_keeps_the_storage,
         killed_during_a_storage_delete_the_next_process_finishes_it,
         a_kill_loop_during_200_deletes_leaves_no_storage,
+        a_kill_loop_on_a_size_enforcing_grant_leaves_no_subvolume_or_qgroup,
     ];
     let tests = tests
         .into_iter()
