@@ -69,7 +69,7 @@ impl Profile {
     }
 }
 
-const PROFILES: [Profile; 6] = [
+const PROFILES: [Profile; 7] = [
     Profile {
         name: "each at its defaults (workers: ours 32, Go 4)",
         qps: 50.0,
@@ -123,6 +123,15 @@ const PROFILES: [Profile; 6] = [
         go_workers: 4,
         extra: &[],
         go: Some((100.0, 200)),
+    },
+    Profile {
+        name: "equal budget, --add-pv-finalizer=false (an experiment: what our PV finalizer costs the deletes)",
+        qps: 100.0,
+        burst: 200,
+        workers: None,
+        go_workers: 4,
+        extra: &["--add-pv-finalizer=false"],
+        go: None,
     },
 ];
 
@@ -357,6 +366,9 @@ async fn raw_rate(
 }
 
 struct Provisioned {
+    /// Per claim of [`IDLE_SINGLES`] created one at a time while the provisioner is idle:
+    /// POSTed → its PV exists.
+    idle_to_pv: Vec<Duration>,
     /// First claim POSTed → every PV exists.
     pvs_exist: Duration,
     /// First claim POSTed → every claim Bound.
@@ -429,6 +441,51 @@ where
             }
         }
     })
+}
+
+/// Claims created one at a time before a run's burst, each once the one before has its PV.
+const IDLE_SINGLES: usize = 10;
+
+/// A claim's latency with nothing else to do: [`IDLE_SINGLES`] claims created one at a time,
+/// each timed from its POST to its PV seen by the watch; then deleted, and waited for until
+/// their PVs and storage are gone, so that the burst after them starts from an idle provisioner.
+async fn singles(
+    claims: &Api<PersistentVolumeClaim>,
+    class: &str,
+    pv_seen: &Mutex<Seen>,
+    storage: &Path,
+) -> anyhow::Result<Vec<Duration>> {
+    let mut times = Vec::new();
+    let mut names = Vec::new();
+    for i in 0..IDLE_SINGLES {
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": format!("single-{i}")},
+            "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        }))?;
+        let sent = Instant::now();
+        let created = claims.create(&PostParams::default(), &claim).await?;
+        let pv = format!("pvc-{}", created.metadata.uid.unwrap_or_default());
+        until_seen("a single claim's PV", pv_seen, |s| {
+            s.applied.contains_key(&pv)
+        })
+        .await?;
+        times.push(pv_seen.lock().expect("seen").applied[&pv] - sent);
+        names.push(pv);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for i in 0..IDLE_SINGLES {
+        claims
+            .delete(&format!("single-{i}"), &DeleteParams::default())
+            .await?;
+    }
+    until_seen("the single claims' PVs gone", pv_seen, |s| {
+        names.iter().all(|pv| s.deleted.contains_key(pv))
+    })
+    .await?;
+    while names.iter().any(|pv| storage.join(pv).exists()) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(times)
 }
 
 /// Waits until `done` holds on what the watch saw (checked every 20 ms, no API requests).
@@ -630,7 +687,6 @@ async fn provision_run(
     })
     .await
     .with_context(|| process.log_tail(40))?;
-    let before = request_counts(admin).await?;
 
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), &ns);
     let pvs: Api<PersistentVolume> = Api::all(admin.clone());
@@ -640,6 +696,10 @@ async fn provision_run(
         watch_seen(pvs.clone(), pv_seen.clone()),
         watch_seen(claims.clone(), claim_seen.clone()),
     ];
+    let idle_to_pv = singles(&claims, &class, &pv_seen, storage)
+        .await
+        .with_context(|| process.log_tail(40))?;
+    let before = request_counts(admin).await?;
     let start = Instant::now();
     // PV name (pvc-<claim UID>) → when its claim was POSTed; on 8 connections.
     let posted: Vec<(String, Instant)> = futures::stream::iter(0..n)
@@ -754,6 +814,7 @@ async fn provision_run(
         }
     }
     Ok(Provisioned {
+        idle_to_pv,
         pvs_exist,
         all_bound,
         all_gone,
@@ -1096,6 +1157,7 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
     println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut calls = Vec::new();
     let mut released = Vec::new();
+    let mut idle = Vec::new();
     for (i, profile) in profiles() {
         let (raw_create, _) = raw_rate(admin, n, profile, &i.to_string()).await?;
         let mut sides = vec![Side::Ours];
@@ -1158,22 +1220,55 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
             );
             let label = format!("{}, {}", side.label(), profile.name);
             calls.push((label.clone(), last.calls_per_claim.clone()));
-            released.push((label, triple(|r| r.all_released).0));
+            released.push((label.clone(), triple(|r| r.all_released).0));
+            idle.push((
+                label,
+                results
+                    .iter()
+                    .flat_map(|r| r.idle_to_pv.iter().copied())
+                    .collect::<Vec<_>>(),
+            ));
         }
     }
     println!(
         "\nAPI requests per claim (kube-apiserver's apiserver_request_total deltas, last run, after the event queue drained; \
          writes on the budget: PV, claim and intent-log writes; events, kube-controller-manager's included, are not counted as writes, although the Go library's share its client's limiter):\n"
     );
-    for (profile, calls) in calls {
+    for (profile, calls) in &calls {
         let list: Vec<String> = calls.iter().map(|(k, v)| format!("{k} {v:.2}")).collect();
         println!("- {profile}: {}", list.join(", "));
+    }
+    println!(
+        "\nWrites a delete makes beyond the PV's DELETE (what deleting safely costs: our PV finalizer's PATCH once the storage is gone, intent-log writes), per delete:\n"
+    );
+    for (profile, calls) in &calls {
+        let extra: f64 = calls
+            .iter()
+            .filter(|(call, _)| {
+                call.starts_with("delete: ")
+                    && !call.ends_with("GET persistentvolumes")
+                    && !call.ends_with("DELETE persistentvolumes")
+                    && !call.ends_with(" events")
+            })
+            .map(|(_, per)| per)
+            .sum();
+        println!("- {profile}: {extra:.2}");
     }
     println!(
         "\nClaims deleted → every PV Released by kube-controller-manager (no provisioner can delete sooner), s:\n"
     );
     for (profile, times) in released {
         println!("- {profile}: {times}");
+    }
+    println!(
+        "\nA single claim created while the provisioner is idle → its PV, ms ({IDLE_SINGLES} per run, one at a time, before each run's burst; p50 / p99 over every run):\n"
+    );
+    for (profile, mut times) in idle {
+        println!(
+            "- {profile}: {:.0} / {:.0}",
+            quantile(&mut times, 0.5).as_secs_f64() * 1000.0,
+            quantile(&mut times, 0.99).as_secs_f64() * 1000.0
+        );
     }
     Ok(())
 }
