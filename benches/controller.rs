@@ -382,6 +382,10 @@ struct Provisioned {
     to_gone: Vec<Duration>,
     /// Claims deleted → every PV Released by kube-controller-manager (what deleting waits on).
     all_released: Duration,
+    /// First claim POSTed → the last one POSTed, and → every claim marked for its provisioner by
+    /// kube-controller-manager (neither program looks at a claim before that).
+    all_posted: Duration,
+    all_marked: Duration,
     /// API requests per claim, after the provisioner's event queue drained.
     calls_per_claim: BTreeMap<String, f64>,
     /// Writes per claim on the provisioner's main budget (PVs, claims, the intent log).
@@ -395,6 +399,9 @@ struct Provisioned {
 #[derive(Default)]
 struct Seen {
     applied: HashMap<String, Instant>,
+    /// Claims first seen with kube-controller-manager's `storage-provisioner` annotation: what
+    /// both programs wait for before they look at a claim.
+    marked: HashMap<String, Instant>,
     bound: HashMap<String, Instant>,
     released: HashMap<String, Instant>,
     deleted: HashMap<String, Instant>,
@@ -422,6 +429,12 @@ where
                     let phase = serde_json::to_value(&object)
                         .ok()
                         .and_then(|v| v["status"]["phase"].as_str().map(str::to_string));
+                    let marked = object.meta().annotations.as_ref().is_some_and(|a| {
+                        a.contains_key("volume.beta.kubernetes.io/storage-provisioner")
+                    });
+                    if marked {
+                        seen.marked.entry(name.clone()).or_insert(now);
+                    }
                     match phase.as_deref() {
                         Some("Bound") => {
                             seen.bound.entry(name.clone()).or_insert(now);
@@ -575,8 +588,7 @@ struct Reach {
     ours: std::path::PathBuf,
     go: std::path::PathBuf,
     delay_ms: u64,
-    _proxy: Option<wp_harness::LatencyProxy>,
-    _kubeconfigs: Option<tempfile::TempDir>,
+    _distant: Option<wp_harness::Distant>,
 }
 
 impl Reach {
@@ -588,31 +600,15 @@ impl Reach {
                 ours: ours.to_owned(),
                 go: go.to_owned(),
                 delay_ms,
-                _proxy: None,
-                _kubeconfigs: None,
+                _distant: None,
             });
         }
-        let url = cp.apiserver_url()?;
-        let upstream: std::net::SocketAddr = url
-            .trim_start_matches("https://")
-            .parse()
-            .with_context(|| format!("the API server's address in {url}"))?;
-        let proxy =
-            wp_harness::LatencyProxy::start(upstream, Duration::from_millis(delay_ms)).await?;
-        let dir = tempfile::tempdir()?;
-        let via = |from: &Path, name: &str| -> anyhow::Result<std::path::PathBuf> {
-            let text = std::fs::read_to_string(from)?
-                .replace(&url, &format!("https://{}", proxy.address()));
-            let to = dir.path().join(name);
-            std::fs::write(&to, text)?;
-            Ok(to)
-        };
+        let distant = wp_harness::Distant::new(cp, Duration::from_millis(delay_ms)).await?;
         Ok(Reach {
-            ours: via(ours, "provisioner.kubeconfig")?,
-            go: via(go, "restricted-1.kubeconfig")?,
+            ours: distant.kubeconfig(ours)?,
+            go: distant.kubeconfig(go)?,
             delay_ms,
-            _proxy: Some(proxy),
-            _kubeconfigs: Some(dir),
+            _distant: Some(distant),
         })
     }
 }
@@ -726,6 +722,16 @@ async fn provision_run(
     .await
     .with_context(|| process.log_tail(40))?;
     let pvs_exist = start.elapsed();
+    let (all_posted, all_marked) = {
+        let seen = claim_seen.lock().expect("seen");
+        let posted_at = posted.iter().map(|(_, sent)| *sent).max();
+        let marked = (0..n)
+            .filter_map(|i| seen.marked.get(&format!("c{i}")))
+            .max()
+            .copied();
+        let since = |at: Option<Instant>| at.map_or(Duration::ZERO, |at| at - start);
+        (since(posted_at), since(marked))
+    };
     until_seen("all claims Bound", &claim_seen, |s| s.bound.len() >= n).await?;
     let all_bound = start.elapsed();
     events_drained(admin).await?;
@@ -819,6 +825,8 @@ async fn provision_run(
         all_bound,
         all_gone,
         all_released,
+        all_posted,
+        all_marked,
         to_pv,
         to_gone,
         calls_per_claim,
@@ -1158,6 +1166,7 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
     let mut calls = Vec::new();
     let mut released = Vec::new();
     let mut idle = Vec::new();
+    let mut marked = Vec::new();
     for (i, profile) in profiles() {
         let (raw_create, _) = raw_rate(admin, n, profile, &i.to_string()).await?;
         let mut sides = vec![Side::Ours];
@@ -1221,6 +1230,11 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
             let label = format!("{}, {}", side.label(), profile.name);
             calls.push((label.clone(), last.calls_per_claim.clone()));
             released.push((label.clone(), triple(|r| r.all_released).0));
+            marked.push((
+                label.clone(),
+                triple(|r| r.all_posted).0,
+                triple(|r| r.all_marked).0,
+            ));
             idle.push((
                 label,
                 results
@@ -1259,6 +1273,12 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
     );
     for (profile, times) in released {
         println!("- {profile}: {times}");
+    }
+    println!(
+        "\nFirst claim POSTed → the last one POSTed, and → every claim marked for its provisioner by kube-controller-manager (neither program looks at a claim before), s:\n"
+    );
+    for (profile, posted, marked) in marked {
+        println!("- {profile}: all POSTed {posted}; all marked {marked}");
     }
     println!(
         "\nA single claim created while the provisioner is idle → its PV, ms ({IDLE_SINGLES} per run, one at a time, before each run's burst; p50 / p99 over every run):\n"

@@ -170,9 +170,13 @@ pub fn record_built(
 const AHEAD_WHILE_BELOW: usize = 256;
 
 /// Claims whose turns come next (the turns' own order) that ride on a write as called: about
-/// as many as the turns one write lasts. Measured at 20 ms from the API server, 500 claims,
-/// the equal budget: with only the claim taking its turn written as called, the log took 0.55
-/// writes per claim, one per turn or two; see docs/benchmarks.md.
+/// as many as the turns one write lasts. Measured at 20 ms from the API server, the equal
+/// budget: with only the claim taking its turn written as called, the log took 0.94 writes per
+/// claim (200 claims), one per turn or two; with the parked claims next in line written too,
+/// 0.05 and 0.13 (500 claims, two sittings); see docs/benchmarks.md. Only parked claims are
+/// written so: with turns free nothing is, and a stored entry not marked ahead is then always
+/// one whose guest was called; under a burst at most 64 more may not have been (their
+/// claims deleted while the process is down are said to have storage that may be kept).
 const SOON: usize = 32;
 
 /// Intents for the claims whose turns come next, in the turns' order (see [`SOON`]), as

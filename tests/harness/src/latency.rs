@@ -46,6 +46,41 @@ impl LatencyProxy {
     }
 }
 
+/// A control plane seen from `one_way` away: a [`LatencyProxy`] in front of its API server, and
+/// copies of its kubeconfigs that go through it (for a provisioner; the tests' own clients and
+/// kube-controller-manager stay direct). Dropped, the proxy and the copies go.
+pub struct Distant {
+    proxy: LatencyProxy,
+    url: String,
+    dir: tempfile::TempDir,
+}
+
+impl Distant {
+    /// The API server of `cp`, `one_way` away in each direction.
+    pub async fn new(cp: &crate::ControlPlane, one_way: Duration) -> anyhow::Result<Distant> {
+        let url = cp.apiserver_url()?;
+        let upstream: SocketAddr = url
+            .trim_start_matches("https://")
+            .parse()
+            .map_err(|e| anyhow::anyhow!("the API server's address in {url}: {e}"))?;
+        Ok(Distant {
+            proxy: LatencyProxy::start(upstream, one_way).await?,
+            url,
+            dir: tempfile::tempdir()?,
+        })
+    }
+
+    /// A copy of the kubeconfig at `from` that reaches the API server through the proxy.
+    pub fn kubeconfig(&self, from: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
+        let text = std::fs::read_to_string(from)?
+            .replace(&self.url, &format!("https://{}", self.proxy.address()));
+        let name = from.file_name().unwrap_or_else(|| "kubeconfig".as_ref());
+        let to = self.dir.path().join(name);
+        std::fs::write(&to, text)?;
+        Ok(to)
+    }
+}
+
 impl Drop for LatencyProxy {
     fn drop(&mut self) {
         self.accept.abort();

@@ -40,7 +40,7 @@ pub use control_plane::{
 };
 pub use demo_support::{demo_inputs, repo_root, step};
 pub use kustomize::render_kustomization;
-pub use latency::LatencyProxy;
+pub use latency::{Distant, LatencyProxy};
 pub use node::{BUSYBOX_IMAGE, HostSnapshot, IMAGE_TARBALLS, Node, NodeTimings, processes_of_pod};
 pub use process::Process;
 pub use wait::wait_for;
