@@ -18,6 +18,8 @@
 //! docs/benchmarks.md): when set, throughput runs it on the same control plane, its runs
 //! alternating with ours (at its own defaults, QPS 5 / burst 10, in the "each at its defaults"
 //! profile; at ours in the others that it has), and memory adds its RSS in the same states.
+//! `WP_BENCH_PREMARKED=1` creates the claims marked for their provisioner, as
+//! kube-controller-manager marks them, so that its pace does not bound either program.
 //! `WP_BENCH_BURN=N` keeps N threads spinning during the throughput runs (both cores busy).
 //! The load average is printed at the start and the end. `WP_BENCH_CLAIMS` (default 500) and `WP_BENCH_OBJECTS` (default 10000) size the runs;
 //! `WP_BENCH_RUNS` (default 3) processes per memory figure; `WP_BENCH_PARTS` (default `throughput,memory`; also `foreign`) picks the parts; `WP_BENCH_PROFILES` (indexes,
@@ -69,7 +71,7 @@ impl Profile {
     }
 }
 
-const PROFILES: [Profile; 7] = [
+const PROFILES: [Profile; 8] = [
     Profile {
         name: "each at its defaults (workers: ours 32, Go 4)",
         qps: 50.0,
@@ -131,6 +133,15 @@ const PROFILES: [Profile; 7] = [
         workers: None,
         go_workers: 4,
         extra: &["--add-pv-finalizer=false"],
+        go: None,
+    },
+    Profile {
+        name: "equal budget, --guest-nice 0 (an experiment: guest threads at the controller's priority)",
+        qps: 100.0,
+        burst: 200,
+        workers: None,
+        go_workers: 4,
+        extra: &["--guest-nice", "0"],
         go: None,
     },
 ];
@@ -698,13 +709,22 @@ async fn provision_run(
     let before = request_counts(admin).await?;
     let start = Instant::now();
     // PV name (pvc-<claim UID>) → when its claim was POSTed; on 8 connections.
+    // `WP_BENCH_PREMARKED=1`: created marked for their provisioner, as kube-controller-manager
+    // marks a claim once no PV matches it; both programs wait for the mark, and kube-controller-
+    // manager's own client budget, spent on binding as PVs appear, sets its pace otherwise.
+    let annotations = if env_usize("WP_BENCH_PREMARKED", 0) == 1 {
+        json!({"volume.beta.kubernetes.io/storage-provisioner": side.provisioner()})
+    } else {
+        json!({})
+    };
     let posted: Vec<(String, Instant)> = futures::stream::iter(0..n)
         .map(|i| {
             let claims = claims.clone();
             let class = class.clone();
+            let annotations = annotations.clone();
             async move {
                 let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-                    "metadata": {"name": format!("c{i}")},
+                    "metadata": {"name": format!("c{i}"), "annotations": annotations},
                     "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
                 }))?;
                 let sent = Instant::now();
@@ -1138,7 +1158,7 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
     let burners = env_usize("WP_BENCH_BURN", 0);
     let _burn = CpuBurner::start(burners);
     println!(
-        "\nthroughput: {n} claims POSTed on 8 connections, hostpath guest, kube-apiserver/kube-controller-manager v1.20.2 on loopback{}{}; \
+        "\nthroughput: {n} claims POSTed on 8 connections, hostpath guest, kube-apiserver/kube-controller-manager v1.20.2 on loopback{}{}{}; \
          timed from the provisioner's readiness; {runs} runs per profile (min / median / max){}\n",
         if reach.delay_ms > 0 {
             format!(
@@ -1152,6 +1172,11 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
             format!(", {burners} threads of the bench spinning on the same cores throughout")
         } else {
             String::new()
+        },
+        if env_usize("WP_BENCH_PREMARKED", 0) == 1 {
+            ", the claims created marked for their provisioner (as kube-controller-manager marks them)"
+        } else {
+            ""
         },
         if go {
             "; the Go library's hostpath example on the same control plane, its runs alternating with ours (ours, Go, ours, Go ...)"

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
+use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use wp_harness::ControlPlane;
@@ -42,6 +43,36 @@ impl World {
                 (cm.name_any(), bytes)
             })
             .collect())
+    }
+
+    /// The PVs of `class` that exist now.
+    async fn pvs_of(&self, class: &str) -> anyhow::Result<Vec<PersistentVolume>> {
+        let of_class = |pv: &PersistentVolume| {
+            pv.spec
+                .as_ref()
+                .and_then(|s| s.storage_class_name.as_deref())
+                == Some(class)
+        };
+        let listed = self.pvs().list(&ListParams::default()).await?.items;
+        Ok(listed.into_iter().filter(of_class).collect())
+    }
+
+    /// SIGKILLs the provisioner every `every` and starts it again, while PVs of `class` are
+    /// left, at most `times` times; returns how many times it did.
+    async fn kill_while_pvs_of(
+        &mut self,
+        class: &str,
+        every: Duration,
+        times: usize,
+    ) -> anyhow::Result<usize> {
+        let mut kills = 0;
+        while kills < times && !self.pvs_of(class).await?.is_empty() {
+            tokio::time::sleep(every).await;
+            self.process.as_mut().expect("running").kill();
+            kills += 1;
+            self.start(&[])?;
+        }
+        Ok(kills)
     }
 
     fn logs_forbidden(&self) -> bool {
@@ -765,40 +796,17 @@ async fn a_kill_loop_during_200_deletes_leaves_no_storage(
     claims
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await?;
-    let mut kills = 0;
-    let ours = |pv: &k8s_openapi::api::core::v1::PersistentVolume| {
-        pv.spec
-            .as_ref()
-            .and_then(|s| s.storage_class_name.as_deref())
-            == Some(class.as_str())
-    };
-    let pvs = w.pvs();
-    let left = || async {
-        anyhow::Ok(
-            pvs.list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .filter(|pv| ours(pv))
-                .count(),
-        )
-    };
-    while kills < 8 && left().await? > 0 {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        w.process.as_mut().expect("running").kill();
-        kills += 1;
-        w.start(&[])?;
-    }
+    let kills = w
+        .kill_while_pvs_of(&class, Duration::from_secs(2), 8)
+        .await?;
     // Left in peace: every PV and its storage go. What is left after 100 s is named.
     let peace = std::time::Instant::now();
-    while left().await? > 0 {
+    while !w.pvs_of(&class).await?.is_empty() {
         if peace.elapsed() > Duration::from_secs(100) {
-            let stuck: Vec<String> = pvs
-                .list(&ListParams::default())
+            let stuck: Vec<String> = w
+                .pvs_of(&class)
                 .await?
-                .items
                 .iter()
-                .filter(|pv| ours(pv))
                 .map(|pv| {
                     format!(
                         "{} {:?} deleting={} finalizers={:?}",
@@ -914,31 +922,11 @@ async fn a_kill_loop_on_a_size_enforcing_grant_leaves_no_subvolume_or_qgroup(
     claims
         .delete_collection(&DeleteParams::default(), &ListParams::default())
         .await?;
-    let pvs = w.pvs();
-    let ours = |pv: &k8s_openapi::api::core::v1::PersistentVolume| {
-        pv.spec
-            .as_ref()
-            .and_then(|s| s.storage_class_name.as_deref())
-            == Some(class.as_str())
-    };
-    let left = || async {
-        anyhow::Ok(
-            pvs.list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .filter(|pv| ours(pv))
-                .count(),
-        )
-    };
-    while kills < provisioning_kills + 8 && left().await? > 0 {
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        w.process.as_mut().expect("running").kill();
-        kills += 1;
-        w.start(&[])?;
-    }
+    let deleting_kills = w
+        .kill_while_pvs_of(&class, Duration::from_millis(700), 8)
+        .await?;
     w.wait("every PV gone", || async {
-        Ok((left().await? == 0).then_some(()))
+        Ok(w.pvs_of(&class).await?.is_empty().then_some(()))
     })
     .await?;
     ensure!(
@@ -958,8 +946,7 @@ async fn a_kill_loop_on_a_size_enforcing_grant_leaves_no_subvolume_or_qgroup(
         .filter(|id| qgroups.contains(id) || qgroups.contains(&btrfs::volume_qgroup(**id)))
         .collect();
     println!(
-        "sized kill loop: {count} claims on btrfs, {provisioning_kills} SIGKILLs while provisioning and {} while deleting; subvolumes and qgroups left: {}",
-        kills - provisioning_kills,
+        "sized kill loop: {count} claims on btrfs, {provisioning_kills} SIGKILLs while provisioning and {deleting_kills} while deleting; subvolumes and qgroups left: {}",
         kept.len()
     );
     ensure!(
