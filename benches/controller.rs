@@ -686,11 +686,10 @@ async fn provision_run(
                 // `WP_BENCH_LOG` replaces the filter (to trace a slow claim, say).
                 .env(
                     "RUST_LOG",
-                    std::env::var("WP_BENCH_LOG")
-                        .unwrap_or_else(|_| {
-                            "warn,wasm_provisioner::controller::start=info,wasm_provisioner::run=info"
-                                .into()
-                        }),
+                    std::env::var("WP_BENCH_LOG").unwrap_or_else(|_| {
+                        "warn,wasm_provisioner::controller::start=info,wasm_provisioner::run=info"
+                            .into()
+                    }),
                 );
             cmd
         }
