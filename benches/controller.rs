@@ -61,13 +61,11 @@ struct Profile {
     go: Option<(f64, u32)>,
 }
 
-/// Our `--worker-threads` default, for the raw rate's concurrency where a profile keeps it.
-const OUR_DEFAULT_WORKERS: usize = 32;
-
 impl Profile {
     /// Requests the raw rate keeps in flight: as many as our reconciles.
     fn raw_concurrency(&self) -> usize {
-        self.workers.unwrap_or(OUR_DEFAULT_WORKERS)
+        self.workers
+            .unwrap_or(wasm_provisioner::controller::DEFAULT_WORKER_THREADS.into())
     }
 }
 

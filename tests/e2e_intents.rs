@@ -363,15 +363,30 @@ async fn reads_in_two_recovery_passes(w: &World) -> anyhow::Result<f64> {
 /// kube-apiserver's count of PV and claim GETs and LISTs so far (recovery's live checks are
 /// such reads; kube-controller-manager only watches once it has listed).
 async fn reads(w: &World) -> anyhow::Result<f64> {
+    requests_total(
+        w,
+        &["persistentvolumes", "persistentvolumeclaims"],
+        &["GET", "LIST"],
+    )
+    .await
+}
+
+/// kube-apiserver's `apiserver_request_total` so far, summed over `resources` (no subresource)
+/// and `verbs`.
+async fn requests_total(w: &World, resources: &[&str], verbs: &[&str]) -> anyhow::Result<f64> {
     let request = http::Request::get("/metrics").body(Vec::new())?;
     let text = w.admin.request_text(request).await?;
+    let has = |line: &str, key: &str, values: &[&str]| {
+        values
+            .iter()
+            .any(|value| line.contains(&format!("{key}=\"{value}\"")))
+    };
     Ok(text
         .lines()
         .filter(|l| {
             l.starts_with("apiserver_request_total{")
-                && (l.contains("resource=\"persistentvolumes\"")
-                    || l.contains("resource=\"persistentvolumeclaims\""))
-                && (l.contains("verb=\"GET\"") || l.contains("verb=\"LIST\""))
+                && has(l, "resource", resources)
+                && has(l, "verb", verbs)
                 && l.contains("subresource=\"\"")
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -1026,19 +1041,7 @@ async fn at_20_ms_from_the_api_server_a_burst_costs_a_fraction_of_a_log_write_pe
 /// kube-apiserver's count of ConfigMap writes so far: the intent logs' (nothing else in this
 /// suite's control plane writes ConfigMaps).
 async fn log_writes(w: &World) -> anyhow::Result<f64> {
-    let request = http::Request::get("/metrics").body(Vec::new())?;
-    let text = w.admin.request_text(request).await?;
-    Ok(text
-        .lines()
-        .filter(|l| {
-            l.starts_with("apiserver_request_total{")
-                && l.contains("resource=\"configmaps\"")
-                && ["POST", "PUT", "PATCH"]
-                    .iter()
-                    .any(|verb| l.contains(&format!("verb=\"{verb}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum())
+    requests_total(w, &["configmaps"], &["POST", "PUT", "PATCH"]).await
 }
 
 /// The same crash with the intent on the claim itself (`--intent-record=claim-finalizer`, the

@@ -92,7 +92,7 @@ pub struct ControllerArgs {
     /// Tasks, not threads: a reconcile spends most of its time waiting for the API server, so
     /// this many (one fewer claim attempts) keep the API budget, not the distance to the API
     /// server, the bound on throughput (docs/benchmarks.md).
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = crate::controller::DEFAULT_WORKER_THREADS)]
     pub worker_threads: u16,
     /// How often every claim and volume is reconciled again.
     #[arg(long, default_value = "15m", value_parser = parse_duration)]

@@ -107,10 +107,16 @@ pub struct Settings {
     pub node: Option<node::NodeSettings>,
 }
 
+/// `--worker-threads` unless set: claim attempts in flight (one fewer) and volume reconciles.
+/// A reconcile spends most of its time waiting for the API server; with 3 attempts in flight
+/// (4 workers) 20 ms from it, throughput was bound to 14 PVs/s whatever the budget
+/// (docs/benchmarks.md).
+pub const DEFAULT_WORKER_THREADS: u16 = 32;
+
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            worker_threads: NonZeroU16::new(32).expect("32 is not zero"),
+            worker_threads: NonZeroU16::new(DEFAULT_WORKER_THREADS).expect("not zero"),
             retry_interval_start: Duration::from_secs(15),
             retry_interval_max: Duration::from_secs(1000),
             resync_period: Duration::from_secs(15 * 60),

@@ -170,11 +170,11 @@ impl Turns {
 /// Turns a claim of a guest with `guest_slots` calls at once may hold together, over every class
 /// it serves: [`TURNS_PER_CLAIM_SLOT`] for each call a claim may make at once
 /// ([`crate::wasm::claim_slots`]). A turn spends most of its time on API round trips (the
-/// intent write, the PV create), not in the guest: at 20 ms from the API server a turn of the
-/// hostpath guest lasted about 100 ms of which its calls took under 1 ms. So a guest's slots
-/// bound the calls, and its turns only how much of the ceiling one guest may hold: a slow
-/// guest's claims wait for its slots holding at most this many turns, the other guests keeping
-/// the rest.
+/// intent write, the PV create), not in the guest (a hostpath call takes about 0.1 ms,
+/// docs/benchmarks.md §2): with turns bound to the slots, 20 ms from the API server, 4 workers
+/// and 16 made the same 14 PVs/s. So a guest's slots bound the calls, and its turns only how
+/// much of the ceiling one guest may hold: a slow guest's claims wait for its slots holding at
+/// most this many turns, the other guests keeping the rest.
 pub fn guest_turns(guest_slots: usize) -> usize {
     crate::wasm::claim_slots(guest_slots) * TURNS_PER_CLAIM_SLOT
 }

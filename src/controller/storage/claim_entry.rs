@@ -73,9 +73,15 @@ pub async fn record(
         return Ok(Recorded::Logged);
     };
     let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
-    let behind = Behind {
-        soon: intents_soon(ctx, uid, &queued),
-        ahead: intents_ahead(ctx, uid, log, &queued),
+    // Most turns of a burst find their entry written as called already (see [`SOON`]): the
+    // claims behind them are looked up only for a record that writes.
+    let behind = if log.recorded_as_called(uid) {
+        Behind::default()
+    } else {
+        Behind {
+            soon: intents_soon(ctx, uid, &queued),
+            ahead: intents_ahead(ctx, uid, log, &queued),
+        }
     };
     match log
         .record(uid, &of(provisioner, pv_name, pvc), behind)

@@ -116,6 +116,16 @@ impl LogState {
         }
     }
 
+    /// Whether the entry under `key` is written, not marked ahead: its guest may be called
+    /// without another write.
+    pub(super) fn called_and_durable(&self, key: &str) -> bool {
+        let durable = self
+            .entry_generation
+            .get(key)
+            .is_some_and(|generation| *generation <= self.flushed);
+        durable && self.intent(key).is_some_and(|held| !held.is_ahead())
+    }
+
     /// Forgets entries someone else removed from the stored log (the caller replaces
     /// `written` with what the write stored).
     pub(super) fn forget_removed(&mut self, removed: &[String]) {

@@ -145,10 +145,12 @@ impl IntentLog {
             state.fresh.insert(key.to_string());
             state.ahead.remove(key);
             state.soon.remove(key);
+            if state.called_and_durable(key) {
+                return Ok(());
+            }
             let held_ahead = state.intent(key).filter(Intent::is_ahead);
             let pending = state.entry_generation.get(key).copied();
             match (held_ahead, pending) {
-                (None, Some(generation)) if generation <= state.flushed => return Ok(()),
                 // Held already and on its way: the next write carries it.
                 (None, Some(generation)) => generation,
                 (held_ahead, _) => {
@@ -308,6 +310,12 @@ impl IntentLog {
     /// Entries recorded ahead whose own turn has not come yet.
     pub fn ahead_len(&self) -> usize {
         self.state().ahead.len()
+    }
+
+    /// Whether the entry under `key` is durable and says its guest may be called: its record
+    /// returns at once, and whatever would ride on its write is not needed now.
+    pub fn recorded_as_called(&self, key: &str) -> bool {
+        self.state().called_and_durable(key)
     }
 
     /// Entries written as called because their turn was next in line, whose turn has not come
