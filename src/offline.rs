@@ -69,6 +69,8 @@ pub fn inspect(file: &Path, compiler: Option<CompileLimits>) -> anyhow::Result<S
     match engine.load_compiled("inspect", &display, component, &sha256, true, grants) {
         Ok(_) => {
             out.push_str("runnable:  yes\n");
+            out.push_str("pin (add to its grant file to load exactly these bytes):\n");
+            out.push_str(&crate::wasm::pin::pin_lines(&sha256));
             Ok(out)
         }
         Err(error) => {

@@ -36,6 +36,56 @@ fn inspect_reports_contract_and_hooks() {
     assert!(text(&out.stdout).contains("qualifier, deletion-guard, block-support"));
 }
 
+/// The pin `inspect` prints is grant syntax: pasted into a grant file, that module loads and
+/// another one does not.
+#[test]
+fn the_pin_inspect_prints_loads_its_module_and_refuses_another() {
+    let out = wasm_provisioner(&["inspect", guest_wasm("hostpath").to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let pin = &stdout[stdout.find("[module]\n").expect("pin lines")..];
+    let storage = tempfile::tempdir().unwrap();
+    let grant = format!(
+        "{}\n{pin}",
+        dir_grant(HOSTPATH, storage.path(), "/volumes", "")
+    );
+    let files = tempfile::tempdir().unwrap();
+    let class = write(
+        files.path(),
+        "sc.yaml",
+        &format!(
+            "apiVersion: storage.k8s.io/v1\nkind: StorageClass\nmetadata:\n  name: hostpath\nprovisioner: {HOSTPATH}\n"
+        ),
+    );
+    let claim = write(
+        files.path(),
+        "pvc.yaml",
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: data\n  namespace: demo\n  uid: 77\nspec:\n  storageClassName: hostpath\n  resources:\n    requests:\n      storage: 1Gi\n",
+    );
+    for (crate_name, loads) in [("hostpath", true), ("scripted", false)] {
+        let plugins = PluginsDir::new();
+        plugins.add("pinned", crate_name, &grant);
+        let out = wasm_provisioner(&[
+            "provision",
+            "--plugins",
+            plugins.path().to_str().unwrap(),
+            "--class",
+            &class,
+            "--claim",
+            &claim,
+        ]);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert_eq!(
+            out.status.success(),
+            loads,
+            "{crate_name}: {stdout}{stderr}"
+        );
+        if !loads {
+            assert!(stderr.contains("its grant file pins"), "{stderr}");
+        }
+    }
+}
+
 #[test]
 fn inspect_rejects_other_contract_versions_and_garbage() {
     let out = wasm_provisioner(&["inspect", guest_wasm("contract_v2").to_str().unwrap()]);

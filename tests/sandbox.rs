@@ -15,6 +15,8 @@ mod locks;
 mod logs;
 #[path = "sandbox/node_disk.rs"]
 mod node_disk;
+#[path = "sandbox/pins.rs"]
+mod pins;
 #[path = "sandbox/pool.rs"]
 mod pool;
 #[path = "sandbox/racing_delete.rs"]

@@ -335,6 +335,8 @@ impl WasmEngine {
         grants: Grants,
     ) -> Result<Guest, LoadError> {
         let (sha256, cached) = self.compiled_before(display, bytes)?;
+        // Before compiling: bytes the operator did not pin cost nothing to refuse.
+        check_pin(display, &grants, &sha256)?;
         let fresh = cached.is_none();
         let component = match cached {
             Some(component) => component,
@@ -355,6 +357,9 @@ impl WasmEngine {
         fresh: bool,
         grants: Grants,
     ) -> Result<Guest, LoadError> {
+        // Every load ends here, whichever way it compiled. Not remembered as a refusal of the
+        // bytes: the pin is the grant's, and a new grant may pin these very bytes.
+        check_pin(display, &grants, sha256)?;
         let display = display.to_string();
         // What decides from here on is the bytes alone: a refusal holds until they change.
         let mut guest = self
@@ -474,4 +479,15 @@ pub fn read_module(path: &Path) -> Result<Vec<u8>, LoadError> {
         })
         .map_err(read_err)?;
     Ok(bytes)
+}
+
+/// Refuses a module whose SHA-256 is not the one its grant pins.
+pub fn check_pin(display: &str, grants: &Grants, sha256: &str) -> Result<(), LoadError> {
+    grants
+        .module
+        .check(sha256)
+        .map_err(|source| LoadError::Pin {
+            path: display.to_owned(),
+            source,
+        })
 }

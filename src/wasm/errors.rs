@@ -24,6 +24,15 @@ pub enum LoadError {
         /// The module file.
         path: String,
     },
+    /// The module's bytes are not the ones its grant file pins.
+    #[error("{path}: {source}")]
+    Pin {
+        /// The module file.
+        path: String,
+        /// The pinned and the actual digest.
+        #[source]
+        source: super::pin::PinMismatch,
+    },
     /// Not a valid component, or compilation failed.
     #[error("{path} does not compile as a WebAssembly component: {message}")]
     Compile {

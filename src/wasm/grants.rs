@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::pin::ModulePin;
 use crate::sizes::SizeBackend;
 
 /// Defaults applied when the grant file leaves a limit out.
@@ -208,6 +209,8 @@ struct GrantFile {
     volumes: VolumeGrants,
     #[serde(default)]
     config: Option<toml::Table>,
+    #[serde(default)]
+    module: Option<super::pin::ModuleTable>,
 }
 
 /// A validated grant: everything the host needs to run one guest.
@@ -239,6 +242,8 @@ pub struct Grants {
     pub volumes: VolumeGrants,
     /// The guest's config, as JSON text.
     pub config_json: String,
+    /// The digest the module's bytes must have, if the operator pinned one.
+    pub module: ModulePin,
 }
 
 impl Grants {
@@ -390,6 +395,7 @@ impl Grants {
                     .into(),
             ));
         }
+        let module = ModulePin::from_table(file.module).map_err(invalid)?;
         let config = file.config.unwrap_or_default();
         let config_json = serde_json::to_string(&config)
             .map_err(|e| invalid(format!("config cannot be passed as JSON: {e}")))?;
@@ -407,6 +413,7 @@ impl Grants {
             dirs,
             volumes: file.volumes,
             config_json,
+            module,
         })
     }
 

@@ -25,6 +25,7 @@ pub mod nodefs;
 pub mod nodepath;
 pub mod output;
 pub mod ownership;
+pub mod pin;
 pub mod plugins;
 pub mod pool;
 pub mod rawname;

@@ -53,6 +53,9 @@ pub struct Plugins {
     pub problems: Vec<PluginProblem>,
     unavailable: BTreeMap<String, String>,
     compiling: usize,
+    /// Guests kept only to delete (their module stopped matching its pin and the grant lets the
+    /// last good one delete), by provisioner name. Never serves claims.
+    deleting: BTreeMap<String, Arc<Guest>>,
 }
 
 impl Plugins {
@@ -68,7 +71,22 @@ impl Plugins {
             problems,
             unavailable,
             compiling: 0,
+            deleting: BTreeMap::new(),
         }
+    }
+
+    /// The same set, with guests that may only delete.
+    pub fn with_deleting(mut self, deleting: BTreeMap<String, Arc<Guest>>) -> Plugins {
+        self.deleting = deleting;
+        self
+    }
+
+    /// The guest that deletes the volumes and recorded storage of `provisioner`: the serving
+    /// one, or a last good module kept only to delete.
+    pub fn for_deleting(&self, provisioner: &str) -> Option<&Arc<Guest>> {
+        self.guests
+            .get(provisioner)
+            .or_else(|| self.deleting.get(provisioner))
     }
 
     /// The same set, noting `modules` still compiling in the background.

@@ -31,6 +31,7 @@ use super::compile_queue::{CompileQueue, Compiled};
 use super::engine::WasmEngine;
 use super::grants::Grants;
 use super::guest::Guest;
+use super::pin::OnMismatch;
 use super::plugins::{PluginDirError, PluginProblem, Plugins};
 
 /// What happened to plugins since the process started (the lead wires these to `/metrics`).
@@ -80,6 +81,9 @@ struct Entry {
     wasm_sha256: String,
     grant_sha256: String,
     guest: Arc<Guest>,
+    /// Kept only to delete, and why: its file stopped matching the grant's pin and the grant
+    /// says `on-mismatch = "delete-with-last-good"`.
+    deletes_only: Option<String>,
 }
 
 /// Loads the plugins directory, remembering what it loaded so the next scan only does the work
@@ -199,15 +203,31 @@ impl Loader {
                         kept.insert(name, previous);
                     }
                 }
-                Err(problem) => {
-                    let keep = problem.keep_previous;
-                    problems.push(problem.problem);
-                    match previous {
-                        Some(previous) if keep => {
+                Err(Refusal {
+                    problem,
+                    previous: then,
+                }) => {
+                    problems.push(problem);
+                    match (previous, then) {
+                        (Some(previous), Previous::Keep) => {
                             kept.insert(name, previous);
                         }
-                        Some(previous) => self.unload(&name, &previous, "its grant file is gone"),
-                        None => {}
+                        (Some(previous), Previous::DeletesOnly(why)) => {
+                            if previous.deletes_only.is_none() {
+                                self.unload(&name, &previous, &why);
+                            }
+                            kept.insert(
+                                name,
+                                Entry {
+                                    deletes_only: Some(why),
+                                    ..previous
+                                },
+                            );
+                        }
+                        (Some(previous), Previous::Unload(why)) => {
+                            self.unload(&name, &previous, why)
+                        }
+                        (None, _) => {}
                     }
                 }
             }
@@ -248,7 +268,11 @@ impl Loader {
                 file: file.to_owned(),
                 reason,
             },
-            keep_previous,
+            previous: if keep_previous {
+                Previous::Keep
+            } else {
+                Previous::Unload("its grant file is gone")
+            },
         };
         let grant_text = match std::fs::read(&grant_path) {
             Ok(text) => text,
@@ -303,6 +327,10 @@ impl Loader {
             tracing::warn!(guest = name, grant = %grant_path.display(), "{note}");
         }
         let display = wasm.display().to_string();
+        if let Err(mismatch) = super::engine::check_pin(&display, &grants, &wasm_sha256) {
+            PluginStats::bump(&self.stats.rejections);
+            return Err(pin_refusal(wasm, mismatch, &grants, previous));
+        }
         let loaded = match &self.queue {
             None => self.engine.load_bytes(name, &display, &bytes, grants),
             Some(queue) => {
@@ -368,6 +396,7 @@ impl Loader {
             wasm_sha256,
             grant_sha256,
             guest: Arc::new(guest),
+            deletes_only: None,
         }))
     }
 
@@ -375,7 +404,15 @@ impl Loader {
     /// the one already serving it keeps it; otherwise neither serves it.
     fn assemble(&mut self, mut problems: Vec<PluginProblem>) -> Plugins {
         let mut by_provisioner: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+        let mut deleting = BTreeMap::new();
+        let mut deleting_why = BTreeMap::new();
         for (name, entry) in &self.entries {
+            if let Some(why) = &entry.deletes_only {
+                let provisioner = entry.guest.grants().provisioner.clone();
+                deleting.insert(provisioner.clone(), entry.guest.clone());
+                deleting_why.insert(provisioner, format!("guest {name}: {why}"));
+                continue;
+            }
             by_provisioner
                 .entry(entry.guest.grants().provisioner.clone())
                 .or_default()
@@ -426,6 +463,13 @@ impl Loader {
             }
         }
         self.unavailable.retain(|p, _| !served.contains_key(p));
+        // A guest that only deletes serves no claims; its name says why.
+        deleting.retain(|p, _| !served.contains_key(p));
+        for (provisioner, why) in deleting_why {
+            if deleting.contains_key(&provisioner) {
+                self.unavailable.insert(provisioner, why);
+            }
+        }
         self.served = served;
         // A new guest's name is unavailable while its module compiles: its claims wait.
         let mut unavailable = self.unavailable.clone();
@@ -436,7 +480,9 @@ impl Loader {
                     .or_insert_with(|| format!("its module {file} is still being compiled"));
             }
         }
-        Plugins::new(guests, problems, unavailable).with_compiling(self.compiling.len())
+        Plugins::new(guests, problems, unavailable)
+            .with_compiling(self.compiling.len())
+            .with_deleting(deleting)
     }
 
     fn note_changes(&mut self, plugins: &Plugins) -> bool {
@@ -471,7 +517,56 @@ pub fn load_dir(engine: &WasmEngine, dir: &Path) -> Result<Plugins, PluginDirErr
 /// A file that was not (re)loaded, and whether an older version keeps serving.
 struct Refusal {
     problem: PluginProblem,
-    keep_previous: bool,
+    previous: Previous,
+}
+
+/// What becomes of the version that served before a refusal.
+enum Previous {
+    /// It serves on (the new files are broken; the old ones were fine).
+    Keep,
+    /// It stops serving, for this reason.
+    Unload(&'static str),
+    /// It only deletes from now on, for this reason.
+    DeletesOnly(String),
+}
+
+/// The refusal of a module whose bytes are not the ones its grant pins. The guest that served
+/// before stops serving claims; it deletes on only when the grant says so and its own bytes
+/// are the pinned ones (a grant that pins new bytes has not vouched for the old).
+fn pin_refusal(
+    wasm: &Path,
+    mismatch: super::LoadError,
+    grants: &Grants,
+    previous: Option<&Entry>,
+) -> Refusal {
+    let last_good = previous.filter(|p| {
+        grants.module.on_mismatch == OnMismatch::DeleteWithLastGood
+            && grants.module.check(&p.wasm_sha256).is_ok()
+    });
+    let (then, consequence) = match (previous, last_good) {
+        (_, Some(good)) => {
+            let why = format!(
+                "its module no longer matches the grant's pin; the last good module (sha256 {}) only deletes (on-mismatch = \"delete-with-last-good\")",
+                good.wasm_sha256
+            );
+            (
+                Previous::DeletesOnly(why),
+                "; new claims wait, released volumes are deleted by the last good module",
+            )
+        }
+        (Some(_), None) => (
+            Previous::Unload("its module no longer matches the grant's pin"),
+            "; the guest stops serving: its claims and released volumes wait for a module that matches",
+        ),
+        (None, None) => (Previous::Unload("refused"), ""),
+    };
+    Refusal {
+        problem: PluginProblem {
+            file: wasm.to_owned(),
+            reason: format!("{mismatch}{consequence}"),
+        },
+        previous: then,
+    }
 }
 
 /// Why the watcher thread woke.

@@ -371,7 +371,7 @@ async fn delete_recorded(
         }
     }
     let plugins = ctx.plugins();
-    let Some(guest) = plugins.for_provisioner(intent.provisioner()).cloned() else {
+    let Some(guest) = plugins.for_deleting(intent.provisioner()).cloned() else {
         tracing::info!(pv = %intent.pv(), provisioner = %intent.provisioner(), "recorded storage waits for its guest");
         return Ok(false);
     };

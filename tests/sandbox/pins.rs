@@ -1,0 +1,216 @@
+//! Digest pins: a grant file's `[module] sha256` decides which bytes may run, at the first load
+//! and at every hot reload, and what the guest that served before may still do.
+
+use sha2::{Digest, Sha256};
+use wasm_provisioner::wasm::bindings::types::DeleteRequest;
+use wasm_provisioner::wasm::reload::Loader;
+use wasm_provisioner::wasm::{Availability, WasmEngine};
+
+use super::common::*;
+
+const PINNED: &str = "test.wasm-provisioner.dev/pinned";
+const OTHER: &str = "test.wasm-provisioner.dev/other";
+
+fn digest_of(crate_name: &str) -> String {
+    hex::encode(Sha256::digest(
+        std::fs::read(guest_wasm(crate_name)).unwrap(),
+    ))
+}
+
+fn pinned_grant(provisioner: &str, storage: &std::path::Path, module: &str) -> String {
+    format!(
+        "{}\n[module]\n{module}\n",
+        dir_grant(provisioner, storage, "/state", "")
+    )
+}
+
+#[test]
+fn a_module_that_is_not_its_pinned_bytes_is_refused_before_it_compiles_and_the_others_serve() {
+    let storage = tempfile::tempdir().unwrap();
+    let hostpath = digest_of("hostpath");
+    let plugins = PluginsDir::new();
+    plugins.add(
+        "right",
+        "hostpath",
+        &pinned_grant(
+            OTHER,
+            storage.path(),
+            &format!("sha256 = \"sha256:{hostpath}\""),
+        ),
+    );
+    // Bytes that do not even compile, pinned to another digest: the refusal is the pin's, so
+    // the compiler never saw them.
+    std::fs::write(plugins.path().join("wrong.wasm"), b"\0asm not a component").unwrap();
+    std::fs::write(
+        plugins.path().join("wrong.toml"),
+        pinned_grant(PINNED, storage.path(), &format!("sha256 = \"{hostpath}\"")),
+    )
+    .unwrap();
+    let mut loader = Loader::new(WasmEngine::new().unwrap(), plugins.path().to_owned());
+    let scan = loader.scan().unwrap();
+    assert!(
+        scan.plugins.serves(OTHER),
+        "the pinned module that matches serves"
+    );
+    assert!(!scan.plugins.serves(PINNED));
+    assert_eq!(
+        scan.plugins.problems.len(),
+        1,
+        "{:?}",
+        scan.plugins.problems
+    );
+    let reason = &scan.plugins.problems[0].reason;
+    let actual = hex::encode(Sha256::digest(b"\0asm not a component"));
+    assert!(
+        reason.contains(&actual) && reason.contains(&hostpath) && reason.contains("pins"),
+        "{reason}"
+    );
+    assert!(
+        !reason.contains("compile"),
+        "refused before compiling: {reason}"
+    );
+    assert_eq!(loader.stats().counts().rejections, 1);
+}
+
+#[test]
+fn a_bad_pin_is_a_grant_error_that_names_the_key() {
+    let storage = tempfile::tempdir().unwrap();
+    let plugins = PluginsDir::new();
+    plugins.add(
+        "short",
+        "hostpath",
+        &pinned_grant(PINNED, storage.path(), "sha256 = \"abc\""),
+    );
+    plugins.add(
+        "policy",
+        "hostpath",
+        &pinned_grant(
+            OTHER,
+            storage.path(),
+            "on-mismatch = \"delete-with-last-good\"",
+        ),
+    );
+    let mut loader = Loader::new(WasmEngine::new().unwrap(), plugins.path().to_owned());
+    let scan = loader.scan().unwrap();
+    assert!(scan.plugins.is_empty());
+    let reasons: Vec<_> = scan.plugins.problems.iter().map(|p| &p.reason).collect();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("module.sha256 must be 64 hex digits")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("module.on-mismatch needs module.sha256")),
+        "{reasons:?}"
+    );
+}
+
+#[test]
+fn a_pinned_guest_replaced_by_other_bytes_stops_serving_until_its_bytes_return() {
+    let storage = tempfile::tempdir().unwrap();
+    let grant = pinned_grant(
+        PINNED,
+        storage.path(),
+        &format!("sha256 = \"{}\"", digest_of("hostpath")),
+    );
+    let plugins = PluginsDir::new();
+    plugins.add("live", "hostpath", &grant);
+    let mut loader = Loader::new(WasmEngine::new().unwrap(), plugins.path().to_owned());
+    let first = loader.scan().unwrap();
+    assert_eq!(first.plugins.availability(PINNED), Availability::Served);
+
+    // Another (valid, loadable) module under the same grant: refused, and unlike a module that
+    // fails to compile, the version before does not serve on: its bytes are no longer what
+    // the file holds, and by default nothing deletes either.
+    plugins.add("live", "scripted", &grant);
+    let swapped = loader.scan().unwrap();
+    assert!(swapped.changed);
+    match swapped.plugins.availability(PINNED) {
+        Availability::Unavailable(why) => assert!(why.contains("unloaded or refused"), "{why}"),
+        other => panic!("claims must wait: {other:?}"),
+    }
+    assert!(
+        swapped.plugins.for_deleting(PINNED).is_none(),
+        "on-mismatch defaults to wait"
+    );
+    let reason = &swapped.plugins.problems[0].reason;
+    assert!(reason.contains("stops serving"), "{reason}");
+    assert_eq!(loader.stats().counts().unloads, 1);
+
+    // The reviewed bytes back: served again.
+    plugins.add("live", "hostpath", &grant);
+    let back = loader.scan().unwrap();
+    assert_eq!(back.plugins.availability(PINNED), Availability::Served);
+    assert!(back.plugins.problems.is_empty());
+}
+
+#[tokio::test]
+async fn with_delete_with_last_good_the_last_matching_module_deletes_and_serves_no_claim() {
+    let storage = tempfile::tempdir().unwrap();
+    let good = digest_of("hostpath");
+    let grant = pinned_grant(
+        PINNED,
+        storage.path(),
+        &format!("sha256 = \"{good}\"\non-mismatch = \"delete-with-last-good\""),
+    );
+    let plugins = PluginsDir::new();
+    plugins.add("live", "hostpath", &grant);
+    let mut loader = Loader::new(WasmEngine::new().unwrap(), plugins.path().to_owned());
+    let first = loader.scan().unwrap();
+    let v1 = first.plugins.for_provisioner(PINNED).unwrap().clone();
+    let config = v1.grants().config_json.clone();
+    let req = request(claim("kept"), class(PINNED, &[]), &config);
+    let built = v1
+        .provision(&req)
+        .await
+        .expect("provisioned by the reviewed module");
+
+    plugins.add("live", "scripted", &grant);
+    let swapped = loader.scan().unwrap();
+    assert!(
+        swapped.plugins.for_provisioner(PINNED).is_none(),
+        "no claim is served"
+    );
+    match swapped.plugins.availability(PINNED) {
+        Availability::Unavailable(why) => assert!(why.contains("only deletes"), "{why}"),
+        other => panic!("claims must wait: {other:?}"),
+    }
+    let deleter = swapped
+        .plugins
+        .for_deleting(PINNED)
+        .expect("the last good module deletes");
+    assert_eq!(deleter.sha256(), good);
+    // Rescanning the same mismatch keeps it as it is (no second unload).
+    assert!(!loader.scan().unwrap().changed);
+    assert_eq!(loader.stats().counts().unloads, 1);
+    let volume_dir = storage.path().join("pvc-uid-kept");
+    assert!(volume_dir.is_dir(), "{}", volume_dir.display());
+    let delete = DeleteRequest {
+        volume: as_volume(&req, &built),
+        storage_class: None,
+        config,
+    };
+    deleter
+        .delete(&delete)
+        .await
+        .expect("deleted by the last good module");
+    assert!(!volume_dir.exists());
+
+    // A grant that pins the new bytes has not vouched for the old: nothing deletes for it
+    // until the file matches (the new bytes are not loaded while the old stay in place).
+    let scripted = digest_of("scripted");
+    plugins.add(
+        "live",
+        "hostpath",
+        &pinned_grant(
+            PINNED,
+            storage.path(),
+            &format!("sha256 = \"{scripted}\"\non-mismatch = \"delete-with-last-good\""),
+        ),
+    );
+    let repinned = loader.scan().unwrap();
+    assert!(repinned.plugins.for_deleting(PINNED).is_none());
+}
