@@ -192,7 +192,7 @@ impl VolumeFacts for Facts<'_> {
     fn serving(&self, provisioner: &str) -> Serving {
         // A last good module kept only to delete serves this path, whose work is deleting;
         // never the claims' path.
-        if self.plugins.for_deleting(provisioner).is_some() {
+        if self.plugins.deletes(provisioner) {
             return Serving::Yes;
         }
         super::claims::serving(self.plugins, provisioner)
@@ -296,7 +296,7 @@ async fn reread_deletable(
     let finalizer_mode = handle.ctx().settings.add_pv_finalizer;
     Ok(handle.get_pv(&pv.name_any()).await?.filter(|live| {
         live.metadata.uid == pv.metadata.uid
-            && decide::should_delete(live, |p| plugins.serves(p), finalizer_mode).is_some()
+            && decide::should_delete(live, |p| plugins.deletes(p), finalizer_mode).is_some()
     }))
 }
 
@@ -381,7 +381,7 @@ async fn delete_node_gone(
     let ctx = handle.ctx();
     let plugins = ctx.plugins();
     let finalizer_mode = ctx.settings.add_pv_finalizer;
-    if decide::should_delete(pv, |p| plugins.serves(p), finalizer_mode).is_none() {
+    if decide::should_delete(pv, |p| plugins.deletes(p), finalizer_mode).is_none() {
         return Ok(Done::Nothing);
     }
     let node = ctx.node.as_ref().expect("node mode");
@@ -406,7 +406,7 @@ async fn delete_node_gone(
         return Ok(Done::Nothing);
     };
     if live.metadata.uid != pv.metadata.uid
-        || decide::should_delete(&live, |p| plugins.serves(p), finalizer_mode).is_none()
+        || decide::should_delete(&live, |p| plugins.deletes(p), finalizer_mode).is_none()
     {
         return Ok(Done::Nothing);
     }

@@ -111,6 +111,12 @@ impl Plugins {
         self.guests.contains_key(provisioner)
     }
 
+    /// Whether a guest deletes `provisioner`'s volumes: the serving one, or a last good module
+    /// kept only to delete.
+    pub fn deletes(&self, provisioner: &str) -> bool {
+        self.for_deleting(provisioner).is_some()
+    }
+
     /// Served, gone for now, or never ours.
     pub fn availability(&self, provisioner: &str) -> Availability<'_> {
         if self.guests.contains_key(provisioner) {

@@ -42,6 +42,7 @@ use wasm_provisioner::controller::plan::ANN_MAX_IN_FLIGHT;
 use wasm_provisioner::controller::storage::intent::{Intent, IntentLog, Storage};
 use wasm_provisioner::controller::{Caches, Context, IntentRecord, Settings, volumes};
 use wasm_provisioner::metrics::{Metrics, Queue};
+use wasm_provisioner::wasm::reload::Loader;
 use wasm_provisioner::wasm::{WasmEngine, load_dir};
 
 use common::e2e::{ClaimBuilder, ClassBuilder};

@@ -580,3 +580,54 @@ async fn in_pv_finalizer_mode_the_pv_is_marked_deleted_first_and_released_after_
         "storage deleted"
     );
 }
+
+/// A pinned guest whose file was replaced by other bytes, with `on-mismatch =
+/// "delete-with-last-good"`: the module that matched deletes released volumes; no claim is
+/// provisioned, by either module.
+#[tokio::test]
+async fn a_guest_kept_only_to_delete_deletes_released_volumes_and_provisions_no_claim() {
+    let reviewed = sha256_hex(&std::fs::read(common::guest_wasm("scripted")).unwrap());
+    let pin =
+        format!("\n[module]\nsha256 = \"{reviewed}\"\non-mismatch = \"delete-with-last-good\"\n");
+    let settings = Settings {
+        add_pv_finalizer: false,
+        ..settings()
+    };
+    let mut world = World::with_grant("scripted", "/state", settings, "", |g| g + &pin);
+    world.class("fast", json!({}), json!({}));
+    let dir = world._plugins.path().to_owned();
+    let mut loader = Loader::new(WasmEngine::new().expect("engine"), dir.clone());
+    assert!(loader.scan().unwrap().plugins.serves(P));
+    let grant = std::fs::read_to_string(dir.join("scripted.toml")).unwrap();
+    world._plugins.add("scripted", "hostpath", &grant);
+    let swapped = loader.scan().unwrap().plugins;
+    assert!(!swapped.serves(P) && swapped.for_deleting(P).is_some());
+    world.ctx.set_plugins(Arc::new(swapped));
+
+    let pv = world.volume(our_pv("pvc-r", "Released", false, &[]));
+    volumes::reconcile(pv, world.ctx.clone())
+        .await
+        .expect("deleted");
+    assert!(
+        world.guest_calls().contains("delete"),
+        "by the last good module"
+    );
+    assert!(world.api.get(&pv_path("pvc-r")).is_none(), "PV removed");
+
+    let pvc = world.claim(claim_of("waits", "fast", P));
+    let _ = claims::reconcile(pvc, world.ctx.clone()).await;
+    assert!(
+        world.api.get(&pv_path("pvc-u-waits")).is_none(),
+        "no PV for the claim"
+    );
+    assert!(
+        !world.guest_calls().contains("provision"),
+        "{}",
+        world.guest_calls()
+    );
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
