@@ -17,6 +17,7 @@ pub mod malloc;
 pub mod metrics;
 pub mod offline;
 pub mod run;
+pub mod scaffold;
 pub mod sizes;
 pub mod telemetry;
 pub mod uninstall;

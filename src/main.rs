@@ -1,9 +1,9 @@
 //! The `wasm-provisioner` binary: parse the command line, start logging, run one command.
 
 use clap::Parser;
-use wasm_provisioner::config::{Cli, Command};
+use wasm_provisioner::config::{Cli, Command, Scaffold};
 use wasm_provisioner::config::{ForgetArgs, ReleaseArgs};
-use wasm_provisioner::{offline, run, telemetry, uninstall};
+use wasm_provisioner::{offline, run, scaffold, telemetry, uninstall};
 
 fn main() -> std::process::ExitCode {
     wasm_provisioner::malloc::limit_arenas();
@@ -44,6 +44,11 @@ async fn run_command() -> std::process::ExitCode {
             )
             .await
         }
+        Command::Scaffold(Scaffold::Grant {
+            file,
+            host_dirs,
+            provisioner,
+        }) => scaffold::grant_for_file(&file, &host_dirs, provisioner.as_deref()),
         Command::ReleaseFinalizers(args) => release(args).await,
         Command::ForgetStorage(args) => forget(args).await,
         Command::CompileGuest {

@@ -27,6 +27,67 @@ fn engine(compiler: Option<CompileLimits>) -> anyhow::Result<WasmEngine> {
     })?)
 }
 
+/// What the module at `file` declares it needs, for `inspect`.
+fn describe_needs(file: &Path) -> anyhow::Result<String> {
+    use crate::wasm::needs;
+    let bytes = crate::wasm::engine::read_module(file)?;
+    let declared = match needs::read(&bytes) {
+        Ok(Some(declared)) => declared,
+        Ok(None) => return Ok("needs:     none declared\n".into()),
+        Err(error) => return Ok(format!("needs:     unreadable: {error}\n")),
+    };
+    let mut out = String::from(
+        "needs:     (declared by the module; `scaffold grant` writes a grant from it)\n",
+    );
+    if let Some(provisioner) = &declared.provisioner {
+        out.push_str(&format!("  provisioner  {provisioner}\n"));
+    }
+    for dir in &declared.dirs {
+        let why = dir
+            .why
+            .as_deref()
+            .map(|w| format!(": {w}"))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "  dir          {} ({}){why}\n",
+            dir.guest,
+            needs::access_name(dir.access)
+        ));
+    }
+    let kinds: Vec<&str> = declared.kinds.iter().map(|k| k.as_str()).collect();
+    out.push_str(&format!("  kinds        {}\n", kinds.join(", ")));
+    for key in &declared.config {
+        let mut notes = Vec::new();
+        if key.required {
+            notes.push("required".to_string());
+        }
+        if let Some(example) = &key.example {
+            notes.push(format!("example {example:?}"));
+        }
+        if let Some(why) = &key.why {
+            notes.push(why.clone());
+        }
+        out.push_str(&format!(
+            "  config       {} ({})\n",
+            key.key,
+            notes.join("; ")
+        ));
+    }
+    out.push_str(&format!(
+        "  owners       {}\n",
+        if declared.owners { "yes" } else { "no" }
+    ));
+    if let Some(limits) = &declared.limits {
+        let show = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+        out.push_str(&format!(
+            "  limits       memory-mib {}, call-timeout-ms {}\n",
+            show(limits.memory_mib),
+            show(limits.call_timeout_ms)
+        ));
+    }
+    Ok(out)
+}
+
 /// `inspect FILE`: prints what the guest implements; fails when this host cannot run it.
 /// Compiles once, in the child under `compiler`.
 pub fn inspect(file: &Path, compiler: Option<CompileLimits>) -> anyhow::Result<String> {
@@ -64,6 +125,7 @@ pub fn inspect(file: &Path, compiler: Option<CompileLimits>) -> anyhow::Result<S
         crate::wasm::bindings::PACKAGE,
         crate::wasm::bindings::PACKAGE_VERSION
     ));
+    out.push_str(&describe_needs(file)?);
     let grants = Grants::parse("provisioner = \"inspect\"", Path::new("."))?;
     let display = file.display().to_string();
     match engine.load_compiled("inspect", &display, component, &sha256, true, grants) {

@@ -67,6 +67,9 @@ pub enum Command {
     /// Take one PV's storage out of the intent logs (a delete that keeps failing or was given
     /// up): no replica deletes it any more; the storage is left as it is.
     ForgetStorage(ForgetArgs),
+    /// Write a starter file: a grant file from what a module declares it needs.
+    #[command(subcommand)]
+    Scaffold(Scaffold),
     /// Internal: compile the component on stdin under limits, the artifact to stdout (`run`
     /// compiles every guest this way, in a child process).
     #[command(hide = true)]
@@ -77,6 +80,24 @@ pub enum Command {
         /// CPU time limit, seconds.
         #[arg(long)]
         cpu_seconds: u64,
+    },
+}
+
+/// `wasm-provisioner scaffold ...`.
+#[derive(Debug, Subcommand)]
+pub enum Scaffold {
+    /// Print a starter grant file for a module, from the needs it declares (its
+    /// `wasm-provisioner:needs` section); review it, then save it as NAME.toml beside NAME.wasm.
+    Grant {
+        /// The guest's `.wasm` file.
+        file: PathBuf,
+        /// Where a directory the guest opens lies on the host, GUEST=HOST (repeatable;
+        /// default: under /var/lib/wasm-provisioner/).
+        #[arg(long = "host-dir", value_name = "GUEST=HOST")]
+        host_dirs: Vec<String>,
+        /// The StorageClass `provisioner:` name to serve (default: the one the module suggests).
+        #[arg(long)]
+        provisioner: Option<String>,
     },
 }
 

@@ -320,6 +320,15 @@ impl WasmEngine {
         refused.insert(sha256.to_owned(), reason);
     }
 
+    /// A guest loaded despite `warning` about its grant: logged with its file, counted by
+    /// `label` (`wasm_provisioner_plugin_warnings_total`).
+    pub fn plugin_warning(&self, name: &str, file: &str, warning: &str, label: &'static str) {
+        tracing::warn!(guest = name, file, "{warning}");
+        if let Some(metrics) = &self.metrics {
+            metrics.plugin_warning(name, label);
+        }
+    }
+
     /// Compiles, checks the contract and links a guest, ready to be called.
     pub fn load(&self, name: &str, path: &Path, grants: Grants) -> Result<Guest, LoadError> {
         let bytes = read_module(path)?;
@@ -377,11 +386,7 @@ impl WasmEngine {
         }
         // Loud, not refused: the operator may know the disk is sized for it.
         for warning in self.node_filesystems.warnings(&guest.grants) {
-            let file = display.as_str();
-            tracing::warn!(guest = name, file, "{warning}");
-            if let Some(metrics) = &self.metrics {
-                metrics.plugin_warning(name, super::nodefs::WARNING_LABEL);
-            }
+            self.plugin_warning(name, &display, &warning, super::nodefs::WARNING_LABEL);
         }
         Ok(guest)
     }

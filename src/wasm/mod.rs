@@ -21,6 +21,7 @@ pub mod handles;
 pub mod host;
 pub mod localfs;
 pub mod metadata;
+pub mod needs;
 pub mod nodefs;
 pub mod nodepath;
 pub mod output;

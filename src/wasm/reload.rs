@@ -378,6 +378,10 @@ impl Loader {
             }
         };
         let guest = loaded.map_err(|e| rejected(wasm, e.to_string()))?;
+        for warning in super::needs::warnings(&bytes, guest.grants()) {
+            self.engine
+                .plugin_warning(name, &display, &warning, super::needs::WARNING_LABEL);
+        }
         let what = if previous.is_some() {
             PluginStats::bump(&self.stats.reloads);
             "plugin reloaded"
