@@ -12,6 +12,7 @@
 
 pub mod config;
 pub mod controller;
+pub mod fixtures;
 pub mod http;
 pub mod malloc;
 pub mod metrics;

@@ -3,7 +3,7 @@
 use clap::Parser;
 use wasm_provisioner::config::{Cli, Command, Scaffold};
 use wasm_provisioner::config::{ForgetArgs, ReleaseArgs};
-use wasm_provisioner::{offline, run, scaffold, telemetry, uninstall};
+use wasm_provisioner::{fixtures, offline, run, scaffold, telemetry, uninstall};
 
 fn main() -> std::process::ExitCode {
     wasm_provisioner::malloc::limit_arenas();
@@ -49,6 +49,18 @@ async fn run_command() -> std::process::ExitCode {
             host_dirs,
             provisioner,
         }) => scaffold::grant_for_file(&file, &host_dirs, provisioner.as_deref()),
+        Command::Test {
+            module,
+            grant,
+            fixtures,
+            record,
+            compile,
+        } => fixtures::run(&module, &grant, &fixtures, record, compile.limits())
+            .await
+            .and_then(|report| match report.failed {
+                0 => Ok(report.text),
+                _ => Err(anyhow::anyhow!("{}", report.text)),
+            }),
         Command::ReleaseFinalizers(args) => release(args).await,
         Command::ForgetStorage(args) => forget(args).await,
         Command::CompileGuest {

@@ -149,7 +149,7 @@ fn read_yaml<T: serde::de::DeserializeOwned>(path: &Path, what: &str) -> anyhow:
         .with_context(|| format!("{} is not a valid {what} manifest", path.display()))
 }
 
-fn load_plugins(dir: &Path, compiler: Option<CompileLimits>) -> anyhow::Result<Plugins> {
+pub(crate) fn load_plugins(dir: &Path, compiler: Option<CompileLimits>) -> anyhow::Result<Plugins> {
     let engine = engine(compiler)?;
     let plugins = load_dir(&engine, dir)?;
     for problem in &plugins.problems {
@@ -176,7 +176,22 @@ pub async fn provision(
     compiler: Option<CompileLimits>,
 ) -> anyhow::Result<String> {
     let class: StorageClass = read_yaml(class_path, "StorageClass")?;
-    let mut claim: PersistentVolumeClaim = read_yaml(claim_path, "PersistentVolumeClaim")?;
+    let claim: PersistentVolumeClaim = read_yaml(claim_path, "PersistentVolumeClaim")?;
+    let plugins = load_plugins(plugins_dir, compiler)?;
+    let pv = provision_pv(&plugins, &class, claim, node).await?;
+    let mut yaml = String::from("apiVersion: v1\nkind: PersistentVolume\n");
+    yaml.push_str(&serde_yaml::to_string(&pv)?);
+    Ok(yaml)
+}
+
+/// The PV the controller would create for `claim` of `class` with `plugins`, the claim
+/// completed as the cluster would have it (uid, namespace, the provisioner and node annotations).
+pub async fn provision_pv(
+    plugins: &Plugins,
+    class: &StorageClass,
+    mut claim: PersistentVolumeClaim,
+    node: Option<&str>,
+) -> anyhow::Result<PersistentVolume> {
     if claim.metadata.uid.is_none() {
         claim.metadata.uid = Some(random_uid());
     }
@@ -193,19 +208,18 @@ pub async fn provision(
     if let Some(node) = node {
         annotations.insert(decide::ANN_SELECTED_NODE.to_string(), node.to_string());
     }
-    let plugins = load_plugins(plugins_dir, compiler)?;
     let guest = plugins
         .for_provisioner(&class.provisioner)
         .with_context(|| {
             format!(
                 "no loaded guest serves provisioner {:?} (served: {})",
                 class.provisioner,
-                served_names(&plugins)
+                served_names(plugins)
             )
         })?;
     let class_name = class.metadata.name.clone().unwrap_or_default();
     let pv_name = decide::pv_name(&claim).expect("uid set above");
-    let request = match storage::qualify(guest, &claim, &class, &pv_name).await? {
+    let request = match storage::qualify(guest, &claim, class, &pv_name).await? {
         Qualified::Ready(request) => request,
         Qualified::Unsupported(missing) => {
             bail!("{}", missing.refusal(&class.provisioner, guest.name()))
@@ -218,7 +232,7 @@ pub async fn provision(
     let identity = PvIdentity {
         name: &pv_name,
         claim: &claim,
-        class: &class,
+        class,
         class_name: &class_name,
         held: false,
     };
@@ -227,10 +241,7 @@ pub async fn provision(
             "the claim clones claim {name:?}: a copy needs its source read and held in the live cluster, which this command does not reach"
         );
     }
-    let pv = storage::build(guest, &request, None, &identity).await?;
-    let mut yaml = String::from("apiVersion: v1\nkind: PersistentVolume\n");
-    yaml.push_str(&serde_yaml::to_string(&pv)?);
-    Ok(yaml)
+    Ok(storage::build(guest, &request, None, &identity).await?)
 }
 
 /// `delete`: runs the guest that provisioned the PV on it.

@@ -310,3 +310,64 @@ fn run_refuses_out_of_range_values_at_start() {
         );
     }
 }
+
+/// `test` replays recorded claims: a matching file passes, a file whose expectation is not what
+/// the guest returns fails with the difference and a non-zero exit, and `--record` rewrites the
+/// expectations so that the file passes again.
+#[test]
+fn test_replays_fixtures_and_record_rewrites_them() {
+    let files = tempfile::tempdir().unwrap();
+    let grant = write(
+        files.path(),
+        "hostpath.toml",
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("guests/hostpath/hostpath.toml"),
+        )
+        .unwrap(),
+    );
+    let fixture = |path: &str| {
+        format!(
+            "cases:\n\
+             - name: default\n  claim: {{name: data, uid: \"11\", storage: 2Gi}}\n  pv-name: pvc-11\n  node: node-1\n\
+             \x20 expect:\n    volume: {{hostPath: {{path: {path}}}, capacity: {{storage: 2Gi}}}}\n\
+             - name: refused\n  class: {{parameters: {{pathPattern: \"../up\"}}}}\n  claim: {{name: d2, uid: \"22\", storage: 1Gi}}\n\
+             \x20 expect:\n    error: pathPattern\n"
+        )
+    };
+    let module = guest_wasm("hostpath");
+    let module = module.to_str().unwrap();
+    let run = |file: &str, record: bool| {
+        let mut args = vec!["test", module, "--grant", &grant, file];
+        if record {
+            args.push("--record");
+        }
+        wasm_provisioner(&args)
+    };
+    let good = write(
+        files.path(),
+        "good.yaml",
+        &fixture("/var/lib/wasm-provisioner/hostpath/pvc-11"),
+    );
+    let out = run(&good, false);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("2 passed, 0 failed"), "{stdout}");
+
+    let stale = write(files.path(), "stale.yaml", &fixture("/elsewhere/pvc-11"));
+    let out = run(&stale, false);
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("FAILED   default: spec.hostPath.path differs")
+            && stderr.contains("1 passed, 1 failed"),
+        "{stderr}"
+    );
+    let out = run(&stale, true);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let recorded = std::fs::read_to_string(&stale).unwrap();
+    assert!(
+        recorded.contains("path: /var/lib/wasm-provisioner/hostpath/pvc-11"),
+        "{recorded}"
+    );
+    assert!(run(&stale, false).status.success(), "recorded: passes");
+}

@@ -67,6 +67,23 @@ pub enum Command {
     /// Take one PV's storage out of the intent logs (a delete that keeps failing or was given
     /// up): no replica deletes it any more; the storage is left as it is.
     ForgetStorage(ForgetArgs),
+    /// Replay a guest against a fixture file of claims and the volumes (or errors) it must
+    /// return; exits non-zero when one differs.
+    Test {
+        /// The guest's `.wasm` file.
+        module: PathBuf,
+        /// Its grant file (granted directories are replaced by empty scratch ones).
+        #[arg(long)]
+        grant: PathBuf,
+        /// The fixture file (YAML: `cases:` with `class`, `claim`, `expect`).
+        fixtures: PathBuf,
+        /// Rewrite the file's expectations with what the guest returns now.
+        #[arg(long)]
+        record: bool,
+        /// The compiler child's limits.
+        #[command(flatten)]
+        compile: CompileArgs,
+    },
     /// Write a starter file: a grant file from what a module declares it needs.
     #[command(subcommand)]
     Scaffold(Scaffold),
