@@ -18,6 +18,7 @@ pub mod bindings;
 mod config;
 pub mod dirs;
 mod host;
+pub mod needs;
 mod params;
 pub mod pattern;
 pub mod quantity;
