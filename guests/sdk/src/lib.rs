@@ -16,6 +16,7 @@
 #[doc(hidden)]
 pub mod bindings;
 mod config;
+pub mod dir_volume;
 pub mod dirs;
 mod host;
 pub mod needs;
@@ -27,6 +28,7 @@ pub mod testing;
 mod types;
 
 pub use config::{ConfigError, join, parse_config, require_absolute};
+pub use dir_volume::DirVolume;
 pub use host::Host;
 #[cfg(target_arch = "wasm32")]
 pub use host::WasmHost;
