@@ -235,6 +235,15 @@ pub fn volume(request: &ProvisionRequest, spec: &VolumeSpec) -> Volume {
     }
 }
 
+/// A grant's `[config]` as the host hands it over (JSON), from string keys and values.
+pub fn config(pairs: &[(&str, &str)]) -> String {
+    let object: serde_json::Map<String, serde_json::Value> = pairs
+        .iter()
+        .map(|(key, value)| ((*key).to_owned(), (*value).into()))
+        .collect();
+    serde_json::Value::Object(object).to_string()
+}
+
 /// A delete request for `volume`, with no StorageClass (it may be gone by then).
 pub fn delete_request(volume: Volume, config: &str) -> DeleteRequest {
     DeleteRequest {
