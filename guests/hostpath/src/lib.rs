@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use wasm_provisioner_sdk::dirs;
 
 use wasm_provisioner_sdk::{
-    CloneSource, DeleteRequest, DirVolume, ExpandRequest, Host, HostPathType, ProvisionError,
-    ProvisionRequest, Provisioner, VolumeSpec, final_error,
+    CloneSource, DeleteRequest, DirVolume, ExpandRequest, Host, ProvisionError, ProvisionRequest,
+    Provisioner, VolumeSpec, final_error,
 };
 
 /// Prefix of the PV annotations recording the volume's directory (`<prefix>/dir`, relative to
@@ -54,12 +54,9 @@ fn describe(
         parameters.path_pattern.as_deref(),
         parameters.archive_on_delete,
     )?;
-    let spec = VolumeSpec::host_path(
-        config.node_path(&volume.dir),
-        HostPathType::DirectoryOrCreate,
-    )
-    .from_request(request);
-    let mut spec = volume.record(spec, PREFIX).ownership(parameters.ownership);
+    let mut spec = volume
+        .host_path(request, &config.node_dir, PREFIX)
+        .ownership(parameters.ownership);
     if let Some(node) = request.selected_node().or(config.node_name.as_deref()) {
         spec = spec.node_affinity_in(HOSTNAME_LABEL, &[node]);
     }

@@ -9,7 +9,9 @@
 
 use crate::pattern::{self, PatternValues, check_relative_dir};
 use crate::spec::VolumeSpec;
-use crate::types::{ProvisionError, ProvisionRequest, Volume, VolumeSource, final_error};
+use crate::types::{
+    HostPathType, ProvisionError, ProvisionRequest, Volume, VolumeSource, final_error,
+};
 use crate::{Host, Parameters, dirs, join};
 
 /// The class parameter naming the volume's directory (a [`pattern`]); the PV name without it.
@@ -58,6 +60,19 @@ impl DirVolume {
         let path_pattern = params.string(PATH_PATTERN);
         let archive_on_delete = params.bool(ARCHIVE_ON_DELETE)?.unwrap_or(false);
         Self::new(request, path_pattern, archive_on_delete)
+    }
+
+    /// The `hostPath` volume of this directory under `node_dir` (the granted directory as the
+    /// node sees it), filled in from `request` and recorded under `prefix` ([`Self::record`]).
+    pub fn host_path(
+        &self,
+        request: &ProvisionRequest,
+        node_dir: &str,
+        prefix: &str,
+    ) -> VolumeSpec {
+        let path = join(node_dir, &self.dir);
+        let spec = VolumeSpec::host_path(path, HostPathType::DirectoryOrCreate);
+        self.record(spec.from_request(request), prefix)
     }
 
     /// `spec` with the annotations [`DirVolume::recorded`] reads back: `<prefix>/dir` and
@@ -174,7 +189,7 @@ pub fn relative_to<'a>(dir: &str, path: &'a str) -> Option<&'a str> {
 mod tests {
     use super::*;
     use crate::testing;
-    use crate::types::{HostPathSource, HostPathType, NfsSource, Pair, ReclaimPolicy};
+    use crate::types::{HostPathSource, NfsSource, Pair, ReclaimPolicy};
 
     const PREFIX: &str = "hostpath.wasm-provisioner.dev";
     const DIR: &str = "hostpath.wasm-provisioner.dev/dir";
@@ -232,7 +247,12 @@ mod tests {
             DirVolume::from_class(&request, &mut Parameters::of(&request.storage_class)).unwrap();
         assert_eq!(volume.dir, "pvc-uid-ns-data");
         assert!(volume.archive_on_delete);
-        let spec = volume.record(VolumeSpec::host_path("/x", HostPathType::Directory), PREFIX);
+        let spec = volume.host_path(&request, "/var/lib/hp", PREFIX);
+        assert_eq!(
+            spec.source.as_ref().and_then(VolumeSource::path),
+            Some("/var/lib/hp/pvc-uid-ns-data")
+        );
+        assert_eq!(spec.capacity, Some(1 << 30));
         assert_eq!(spec.annotations[DIR], "pvc-uid-ns-data");
         assert_eq!(spec.annotations[ARCHIVE], "true");
         let read = DirVolume::recorded(&testing::volume(&request, &spec), PREFIX, "/").unwrap();

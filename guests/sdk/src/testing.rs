@@ -25,6 +25,7 @@ pub struct FakeHost {
     nfs_servers: Vec<String>,
     uids: Vec<(u32, u32)>,
     gids: Vec<(u32, u32)>,
+    dirs: Vec<(String, String)>,
     logs: RefCell<Vec<(LogLevel, String)>>,
 }
 
@@ -38,6 +39,14 @@ impl FakeHost {
     #[must_use]
     pub fn host_paths(mut self, prefix: &str) -> Self {
         self.host_path_prefixes.push(prefix.to_owned());
+        self
+    }
+
+    /// Maps the granted directory the guest sees at `guest` to `native`, a directory of the
+    /// test's (what [`Host::dir`] returns): a native test cannot use the guest's preopens.
+    #[must_use]
+    pub fn dir(mut self, guest: &str, native: &str) -> Self {
+        self.dirs.push((guest.to_owned(), native.to_owned()));
         self
     }
 
@@ -96,6 +105,13 @@ fn normalised(path: &str) -> bool {
 }
 
 impl Host for FakeHost {
+    fn dir(&self, guest: &str) -> String {
+        self.dirs
+            .iter()
+            .find(|(mapped, _)| mapped == guest)
+            .map_or_else(|| guest.to_owned(), |(_, native)| native.clone())
+    }
+
     fn log(&self, level: LogLevel, message: &str, fields: &[(&str, &str)]) {
         let mut line = message.to_owned();
         for (key, value) in fields {

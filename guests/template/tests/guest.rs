@@ -2,9 +2,10 @@
 
 use std::path::PathBuf;
 
+use {{crate_name}}::{Guest, NEEDS, RECORDED, VOLUMES};
+
 use wasm_provisioner_sdk::testing::{self, FakeHost};
 use wasm_provisioner_sdk::{ProvisionError, Provisioner};
-use {{crate_name}}::{Guest, NEEDS, RECORDED};
 
 /// A temporary directory standing for the granted directory, seen by guest and node alike.
 struct Granted(PathBuf);
@@ -17,15 +18,16 @@ impl Granted {
         Self(dir)
     }
 
-    /// The grant's `[config]`, as JSON.
+    /// The grant's `[config]`, as JSON: the node sees the directory where the test does.
     fn config(&self) -> String {
-        let dir = self.0.display().to_string();
-        testing::config(&[("guest-dir", &dir), ("node-dir", &dir)])
+        testing::config(&[("node-dir", &self.0.display().to_string())])
     }
 
-    /// A host granting hostPath volumes in this directory only.
+    /// A host granting hostPath volumes in this directory only, which the guest sees as its
+    /// declared directory.
     fn host(&self) -> FakeHost {
-        FakeHost::new().host_paths(&self.0.display().to_string())
+        let dir = self.0.display().to_string();
+        FakeHost::new().dir(VOLUMES, &dir).host_paths(&dir)
     }
 }
 
@@ -45,8 +47,15 @@ fn provisions_a_directory_per_claim_and_deletes_it() {
     let spec = Guest::provision(&request, &host).unwrap();
     let dir = granted.0.join(&request.pv_name);
     assert!(dir.is_dir());
-    assert_eq!(spec.annotations[&format!("{RECORDED}/dir")], request.pv_name);
-    assert_eq!(Guest::provision(&request, &host).unwrap(), spec, "idempotent");
+    assert_eq!(
+        spec.annotations[&format!("{RECORDED}/dir")],
+        request.pv_name
+    );
+    assert_eq!(
+        Guest::provision(&request, &host).unwrap(),
+        spec,
+        "idempotent"
+    );
 
     let delete = testing::delete_request(testing::volume(&request, &spec), &granted.config());
     Guest::delete(&delete, &host).unwrap();
@@ -59,7 +68,10 @@ fn a_spec_the_grants_refuse_creates_nothing() {
     let granted = Granted::new("guest-refused");
     let class = testing::class("fast", &[]);
     let request = testing::request(testing::claim("ns", "data"), class, &granted.config());
-    let error = Guest::provision(&request, &FakeHost::new().host_paths("/elsewhere")).unwrap_err();
+    let refusing = FakeHost::new()
+        .dir(VOLUMES, &granted.0.display().to_string())
+        .host_paths("/elsewhere");
+    let error = Guest::provision(&request, &refusing).unwrap_err();
     assert!(matches!(error, ProvisionError::Final(_)), "{error:?}");
     assert_eq!(std::fs::read_dir(&granted.0).unwrap().count(), 0);
 }
