@@ -1,7 +1,8 @@
-//! What a guest needs from the operator's grant file, declared once in Rust with [`needs!`](crate::needs!)
-//! (crate root): the declaration becomes the `wasm-provisioner:needs` custom section of the
-//! guest's module (JSON the host reads to write a starter grant and to compare with the grant
-//! it is given), and the constants the guest's own code reads its directories and config with.
+//! What a guest needs from the operator's grant file, declared once in Rust with
+//! [`needs!`](crate::needs!): the declaration becomes the `wasm-provisioner:needs` custom
+//! section of the guest's module (JSON the host reads to write a starter grant and to compare
+//! with the grant it is given), and the constants the guest's own code reads its directories
+//! and config with.
 //!
 //! ```text
 //! needs! { provisioner, dirs: [VOLUMES = {..}], kinds, config: [NODE_DIR = {..}], owners, limits }
