@@ -1,40 +1,57 @@
-//! The guest's configuration, the `[config]` table of its grant file, parsed from JSON.
+//! What the guest needs from its grant file (the `wasm-provisioner:needs` section) and its
+//! `[config]` table, read with the keys and defaults declared there.
 
-use serde::Deserialize;
-use wasm_provisioner_sdk::{ConfigError, join, parse_config, require_absolute};
+use wasm_provisioner_sdk::{ConfigError, join, require_absolute};
+
+wasm_provisioner_sdk::needs! {
+    provisioner: "wasm-provisioner.dev/hostpath",
+    dirs: [VOLUMES = { guest: "/volumes", access: "read-write",
+                       why: "one directory per volume, made, archived and removed by the guest" }],
+    kinds: ["host-path"],
+    config: [
+        GUEST_DIR = { key: "guest-dir", required: true, example: "/volumes",
+                      why: "where the granted directory is preopened inside the guest (dirs.guest)" },
+        NODE_DIR = { key: "node-dir", required: true, example: "/var/lib/wasm-provisioner/hostpath",
+                     why: "the same directory as the node sees it: what goes into the PV" },
+        NODE_NAME = { key: "node-name", required: false,
+                      why: "the node to pin volumes to when the claim has no selected node" },
+        CLONE_TIMEOUT_MS = { key: "clone-timeout-ms", required: false, default: 8000,
+                             why: "how long a clone may copy, in ms (default 8000): keep it below call-timeout-ms" },
+    ],
+    owners: true,
+    limits: { memory-mib: 64, call-timeout-ms: 10000 },
+}
 
 /// Where the granted directory is, seen from inside the guest and from the node.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostpathConfig {
     /// Where the granted directory is preopened inside the guest (a WASI preopen).
     pub guest_dir: String,
     /// The same directory's path on the node: what goes into the PV's `hostPath`.
     pub node_dir: String,
     /// Node to pin volumes to when the claim has no selected node.
-    #[serde(default)]
     pub node_name: Option<String>,
     /// How long a clone may copy before it gives up (and removes its partial copy), in ms:
     /// keep it below the grant's `call-timeout-ms`, so the guest stops itself and cleans up
-    /// before the host's deadline ends the call. Default 8000 (the shipped timeout is 10000).
-    #[serde(default = "default_clone_timeout_ms")]
+    /// before the host's deadline ends the call.
     pub clone_timeout_ms: u64,
-}
-
-fn default_clone_timeout_ms() -> u64 {
-    8000
 }
 
 impl HostpathConfig {
     /// Parses and checks the configuration JSON the host passes in.
     pub fn parse(json: &str) -> Result<Self, ConfigError> {
-        let mut config: Self = parse_config(json)?;
-        require_absolute("guest-dir", &config.guest_dir)?;
-        require_absolute("node-dir", &config.node_dir)?;
-        if config.node_name.as_deref().is_some_and(str::is_empty) {
-            config.node_name = None;
-        }
-        Ok(config)
+        let config = NEEDS.config(json)?;
+        let parsed = Self {
+            guest_dir: config.get(GUEST_DIR)?,
+            node_dir: config.get(NODE_DIR)?,
+            node_name: config
+                .get::<Option<String>>(NODE_NAME)?
+                .filter(|name| !name.is_empty()),
+            clone_timeout_ms: config.get(CLONE_TIMEOUT_MS)?,
+        };
+        require_absolute(GUEST_DIR.key, &parsed.guest_dir)?;
+        require_absolute(NODE_DIR.key, &parsed.node_dir)?;
+        Ok(parsed)
     }
 
     /// The path, inside the guest, of `dir` (relative to the granted directory).
@@ -45,13 +62,6 @@ impl HostpathConfig {
     /// The path, on the node, of `dir` (relative to the granted directory).
     pub fn node_path(&self, dir: &str) -> String {
         join(&self.node_dir, dir)
-    }
-
-    /// The part of a node path below `node-dir`, if the path lies strictly below it.
-    pub fn relative_to_node_dir<'a>(&self, node_path: &'a str) -> Option<&'a str> {
-        let rest = node_path.strip_prefix(self.node_dir.trim_end_matches('/'))?;
-        rest.strip_prefix('/')
-            .filter(|relative| !relative.is_empty())
     }
 }
 
@@ -71,6 +81,15 @@ mod tests {
             "/var/lib/wasm-provisioner/hostpath/ns/pvc-1"
         );
         assert_eq!(config.node_name, None);
+        assert_eq!(config.clone_timeout_ms, 8000);
+    }
+
+    #[test]
+    fn the_shipped_grant_file_grants_what_the_guest_declares() {
+        wasm_provisioner_sdk::testing::assert_grant_matches(
+            &NEEDS,
+            include_str!("../hostpath.toml"),
+        );
     }
 
     #[test]
@@ -105,17 +124,5 @@ mod tests {
             HostpathConfig::parse(r#"{"guest-dir": "/v", "node-dir": "/n", "node-name": ""}"#)
                 .unwrap();
         assert_eq!(config.node_name, None);
-    }
-
-    #[test]
-    fn relative_to_node_dir_only_accepts_paths_strictly_below_it() {
-        let config =
-            HostpathConfig::parse(r#"{"guest-dir": "/v", "node-dir": "/data/hp/"}"#).unwrap();
-        assert_eq!(config.relative_to_node_dir("/data/hp/pvc-1"), Some("pvc-1"));
-        assert_eq!(config.relative_to_node_dir("/data/hp/a/b"), Some("a/b"));
-        assert_eq!(config.relative_to_node_dir("/data/hp"), None);
-        assert_eq!(config.relative_to_node_dir("/data/hp/"), None);
-        assert_eq!(config.relative_to_node_dir("/data/hpx/pvc-1"), None);
-        assert_eq!(config.relative_to_node_dir("/etc"), None);
     }
 }

@@ -17,24 +17,23 @@
 //! calls the host and the filesystem, and its tests run natively against a temporary directory.
 
 mod config;
-mod deletion;
 mod parameters;
 
 use config::HostpathConfig;
 use parameters::ClassParameters;
 use std::time::{Duration, Instant};
 use wasm_provisioner_sdk::dirs;
-use wasm_provisioner_sdk::pattern::{self, PatternValues};
 
 use wasm_provisioner_sdk::{
-    CloneSource, DeleteRequest, ExpandRequest, Host, HostPathType, ProvisionError,
-    ProvisionRequest, Provisioner, VolumeSpec, final_error,
+    CloneSource, DeleteRequest, DirVolume, ExpandRequest, Host, ProvisionError, ProvisionRequest,
+    Provisioner, VolumeSpec, final_error,
 };
 
+/// Prefix of the PV annotations recording the volume's directory (`<prefix>/dir`, relative to
+/// the granted directory) and the class's `archiveOnDelete` (`<prefix>/archive-on-delete`).
+const PREFIX: &str = "hostpath.wasm-provisioner.dev";
 /// PV annotation recording the volume's directory, relative to the granted directory.
 pub const DIR_ANNOTATION: &str = "hostpath.wasm-provisioner.dev/dir";
-/// PV annotation recording the class's `archiveOnDelete` (`"true"` or `"false"`).
-pub const ARCHIVE_ANNOTATION: &str = "hostpath.wasm-provisioner.dev/archive-on-delete";
 
 /// Node label the node affinity pins volumes with.
 const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
@@ -50,31 +49,27 @@ fn describe(
 ) -> Result<(HostpathConfig, String, VolumeSpec), ProvisionError> {
     let config = HostpathConfig::parse(&request.config)?;
     let parameters = ClassParameters::parse(&request.storage_class)?;
-    let dir = match &parameters.path_pattern {
-        Some(text) => pattern::expand(text, &PatternValues::of(request))?,
-        None => {
-            pattern::check_relative_dir(&request.pv_name)
-                .map_err(|why| final_error(format!("volume name {:?} {why}", request.pv_name)))?;
-            request.pv_name.clone()
-        }
-    };
-    let mut spec = VolumeSpec::host_path(config.node_path(&dir), HostPathType::DirectoryOrCreate)
-        .from_request(request)
-        .annotation(DIR_ANNOTATION, &dir)
-        .annotation(
-            ARCHIVE_ANNOTATION,
-            if parameters.archive_on_delete {
-                "true"
-            } else {
-                "false"
-            },
-        )
+    let volume = DirVolume::new(
+        request,
+        parameters.path_pattern.as_deref(),
+        parameters.archive_on_delete,
+    )?;
+    let mut spec = volume
+        .host_path(request, &config.node_dir, PREFIX)
         .ownership(parameters.ownership);
     if let Some(node) = request.selected_node().or(config.node_name.as_deref()) {
         spec = spec.node_affinity_in(HOSTNAME_LABEL, &[node]);
     }
     host.check(&spec)?;
-    Ok((config, dir, spec))
+    Ok((config, volume.dir, spec))
+}
+
+/// The directory `provision` recorded on a volume, relative to the granted directory.
+fn recorded_dir(
+    volume: &wasm_provisioner_sdk::Volume,
+    config: &HostpathConfig,
+) -> Result<String, ProvisionError> {
+    Ok(DirVolume::recorded(volume, PREFIX, &config.node_dir)?.dir)
 }
 
 wasm_provisioner_sdk::export_provisioner!(Hostpath, hooks: [cloning, expansion]);
@@ -103,8 +98,7 @@ impl Provisioner for Hostpath {
         host: &dyn Host,
     ) -> Result<VolumeSpec, ProvisionError> {
         let (config, dir, spec) = describe(request, host)?;
-        let source_dir =
-            deletion::directory_to_delete(&source.volume, &config).map_err(final_error)?;
+        let source_dir = recorded_dir(&source.volume, &config)?;
         let (from, target) = (config.guest_path(&source_dir), config.guest_path(&dir));
         if dirs::present(&config.guest_dir, &target)? {
             return Ok(spec);
@@ -124,7 +118,7 @@ impl Provisioner for Hostpath {
     fn expand(request: &ExpandRequest, host: &dyn Host) -> Result<u64, ProvisionError> {
         let config = HostpathConfig::parse(&request.config)?;
         let volume = &request.volume;
-        let dir = deletion::directory_to_delete(volume, &config).map_err(final_error)?;
+        let dir = recorded_dir(volume, &config)?;
         if !dirs::present(&config.guest_dir, &config.guest_path(&dir))? {
             return Err(final_error(format!(
                 "the directory of {} ({dir}) is gone; there is nothing to grow",
@@ -142,32 +136,12 @@ impl Provisioner for Hostpath {
     fn delete(request: &DeleteRequest, host: &dyn Host) -> Result<(), ProvisionError> {
         let config = HostpathConfig::parse(&request.config)?;
         let volume = &request.volume;
-        let dir = deletion::directory_to_delete(volume, &config).map_err(final_error)?;
-        let guest_path = config.guest_path(&dir);
-        let fields = [("pv", volume.name.as_str()), ("dir", dir.as_str())];
-        // A clone's copy cut short (its call ended before the rename) goes with the volume.
-        let staging = dirs::clone_staging(&guest_path, &volume.name);
-        if dirs::present(&config.guest_dir, &staging)? {
-            dirs::remove_volume(&config.guest_dir, &staging, &volume.name)?;
-        }
-        // Looked for from the granted directory, which must be there: "gone" only when it is.
-        if !dirs::present(&config.guest_dir, &guest_path)? {
-            host.info("hostPath directory already gone", &fields);
-        } else if deletion::archive_requested(volume) {
-            let archive = dirs::rename_to_free_name(
-                &guest_path,
-                &config.guest_dir,
-                &deletion::archive_base(&dir),
-            )?;
-            host.info(
-                "archived hostPath directory",
-                &[fields[0], fields[1], ("archive", &archive)],
-            );
-        } else {
-            dirs::remove_volume(&config.guest_dir, &guest_path, &volume.name)?;
-            host.info("deleted hostPath directory", &fields);
-        }
-        Ok(())
+        DirVolume::recorded(volume, PREFIX, &config.node_dir)?.delete(
+            &config.guest_dir,
+            volume,
+            host,
+            "hostPath directory",
+        )
     }
 }
 

@@ -1,11 +1,8 @@
 //! The StorageClass parameters hostpath understands, parsed and checked in one place.
 
+use wasm_provisioner_sdk::dir_volume::{ARCHIVE_ON_DELETE, PATH_PATTERN};
 use wasm_provisioner_sdk::{Ownership, ParameterError, Parameters, StorageClass};
 
-/// `pathPattern`: the directory of a volume, relative to the granted directory.
-pub const PATH_PATTERN: &str = "pathPattern";
-/// `archiveOnDelete`: rename the directory instead of removing it when the volume is deleted.
-pub const ARCHIVE_ON_DELETE: &str = "archiveOnDelete";
 /// `uid`, `gid`, `mode`: owner, group and octal mode of the volume's directory, applied by the
 /// host within the grant's `uids`/`gids`. Unset: the directory stays as the host creates it.
 pub const UID: &str = "uid";

@@ -12,6 +12,29 @@ pub const DEFAULT_NODE: &str = "DEFAULT_PATH_FOR_NON_LISTED_NODES";
 /// subdomains, which never contain `_`, so no node's directory can collide with it.
 pub const SHARED_DIR: &str = "_shared";
 
+wasm_provisioner_sdk::needs! {
+    provisioner: "wasm-provisioner.dev/local-path",
+    dirs: [NODES = { guest: "/nodes", access: "read-write",
+                     why: "each node's volume paths, below a directory per node (nodes-dir)" }],
+    kinds: ["host-path", "local"],
+    config: [
+        NODES_DIR = { key: "nodes-dir", required: true, example: "/nodes",
+                      why: "where the granted directory is preopened inside the guest (dirs.guest)" },
+        NODE_PATH_MAP = { key: "node-path-map", required: false,
+                          why: "per node the paths volumes may go to; one of it, shared-filesystem-path or storage-class-configs is needed" },
+        SHARED_FILESYSTEM_PATH = { key: "shared-filesystem-path", required: false,
+                                   why: "one path mounted on every node instead of node-path-map" },
+        STORAGE_CLASS_CONFIGS = { key: "storage-class-configs", required: false,
+                                  why: "per-class placements, by StorageClass name" },
+        LOCAL_NODE = { key: "local-node", required: false,
+                       why: "per-node deployment: serve only this node's claims and volumes" },
+        CLONE_TIMEOUT_MS = { key: "clone-timeout-ms", required: false,
+                             why: "how long a clone may copy, in ms (default 8000): keep it below call-timeout-ms" },
+    ],
+    owners: true,
+    limits: { memory-mib: 64, call-timeout-ms: 30000 },
+}
+
 /// Where volumes may go: per node, or one shared path mounted on every node.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -182,6 +205,18 @@ fn check_path(path: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_declared_needs_are_the_config_and_the_shipped_grant() {
+        assert_eq!(
+            wasm_provisioner_sdk::needs::serde_fields::<LocalPathConfig>(),
+            NEEDS.config_keys()
+        );
+        wasm_provisioner_sdk::testing::assert_grant_matches(
+            &NEEDS,
+            include_str!("../local-path.toml"),
+        );
+    }
 
     #[test]
     fn parses_maps_defaults_and_class_overrides() {

@@ -13,6 +13,25 @@ pub const DIR_ANNOTATION: &str = "nfs-subdir.wasm-provisioner.dev/dir";
 /// PV annotation: what delete does (`delete`, `retain` or `archive`), fixed at provision time.
 pub const ON_DELETE_ANNOTATION: &str = "nfs-subdir.wasm-provisioner.dev/on-delete";
 
+wasm_provisioner_sdk::needs! {
+    provisioner: "wasm-provisioner.dev/nfs-subdir",
+    dirs: [EXPORT = { guest: "/export", access: "read-write",
+                      why: "the NFS export mounted in the controller: one sub-directory per volume" }],
+    kinds: ["nfs"],
+    config: [
+        SERVER = { key: "server", required: true, example: "nfs.example.com",
+                   why: "the NFS server, as the kubelet mounts it (nfs-servers)" },
+        EXPORT_PATH = { key: "export-path", required: true, example: "/srv/nfs/k8s",
+                        why: "the exported path on the server (nfs-exports)" },
+        GUEST_DIR = { key: "guest-dir", required: true, example: "/export",
+                      why: "where the export is preopened inside the guest (dirs.guest)" },
+        CLONE_TIMEOUT_MS = { key: "clone-timeout-ms", required: false,
+                             why: "how long a clone may copy, in ms (default 8000): keep it below call-timeout-ms" },
+    ],
+    owners: false,
+    limits: { memory-mib: 64, call-timeout-ms: 30000 },
+}
+
 /// The `[config]` of the grant file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -232,6 +251,18 @@ pub fn parents(dir: &str) -> Vec<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_declared_needs_are_the_config_and_the_shipped_grant() {
+        assert_eq!(
+            wasm_provisioner_sdk::needs::serde_fields::<NfsConfig>(),
+            NEEDS.config_keys()
+        );
+        wasm_provisioner_sdk::testing::assert_grant_matches(
+            &NEEDS,
+            include_str!("../nfs-subdir.toml"),
+        );
+    }
     use wasm_provisioner_sdk::testing::{claim, class, request};
     use wasm_provisioner_sdk::{NfsSource, ReclaimPolicy, pair};
 

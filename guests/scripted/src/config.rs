@@ -2,6 +2,23 @@
 
 use serde::Deserialize;
 
+wasm_provisioner_sdk::needs! {
+    provisioner: "wasm-provisioner.dev/scripted",
+    dirs: [STATE = { guest: "/state", access: "read-write",
+                     why: "calls.log, the per-PV scripts and attempts, and the volumes" }],
+    kinds: ["host-path"],
+    config: [
+        GUEST_DIR = { key: "guest-dir", required: true, example: "/state",
+                      why: "where the granted directory is preopened inside the guest (dirs.guest)" },
+        NODE_DIR = { key: "node-dir", required: true, example: "/tmp/wasm-provisioner/scripted",
+                     why: "the same directory as the node sees it: what goes into the PV" },
+        INSTANCE = { key: "instance", required: false,
+                     why: "which provisioner replica this is, appended to every calls.log line" },
+    ],
+    owners: false,
+    limits: { memory-mib: 32, call-timeout-ms: 5000 },
+}
+
 /// Where the granted directory is, seen from inside the guest and from the node.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -48,6 +65,18 @@ impl ScriptedConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_declared_needs_are_the_config_and_the_shipped_grant() {
+        assert_eq!(
+            wasm_provisioner_sdk::needs::serde_fields::<ScriptedConfig>(),
+            NEEDS.config_keys()
+        );
+        wasm_provisioner_sdk::testing::assert_grant_matches(
+            &NEEDS,
+            include_str!("../scripted.toml"),
+        );
+    }
 
     #[test]
     fn parses_and_joins() {

@@ -15,6 +15,14 @@ pub trait Host {
     /// the spec is returned. Call it before creating storage so a refused spec leaves nothing.
     fn check(&self, spec: &VolumeSpec) -> Result<(), SpecError>;
 
+    /// The path the guest's own filesystem calls reach the granted directory `guest` by (a
+    /// directory it declared with `needs!`): `guest` itself inside WebAssembly, where the host
+    /// preopens the directory at that path; in native unit tests, where
+    /// [`FakeHost::dir`](crate::testing::FakeHost::dir) put it.
+    fn dir(&self, guest: &str) -> String {
+        guest.to_owned()
+    }
+
     /// Logs at info level.
     fn info(&self, message: &str, fields: &[(&str, &str)]) {
         self.log(LogLevel::Info, message, fields);

@@ -8,16 +8,21 @@
 //!                     ─▶ VolumeSpec replayed into the host's grant-checked volume-builder ─▶ host
 //! ```
 //!
-//! Helpers: [`Parameters`] (typed class parameters, unknown ones refused), [`pattern`] (path
-//! patterns), [`quantity`] (`RoundUpSize`-like rounding), [`parse_config`] (the grant file's
-//! `[config]`), and [`testing`] (a fake host and records for native unit tests).
+//! Helpers: [`needs!`] (what the guest needs from its grant file, declared once: the
+//! `wasm-provisioner:needs` section and the constants its config is read with), [`Parameters`]
+//! (typed class parameters, unknown ones refused), [`pattern`] (path patterns), [`DirVolume`]
+//! (a directory per claim: pattern, records on the PV, delete or archive), [`quantity`]
+//! (`RoundUpSize`-like rounding), [`parse_config`] (the grant file's `[config]` as a serde
+//! struct), and [`testing`] (a fake host and records for native unit tests).
 //! See `guests/GUIDE.md` for the way from `cargo new` to a running provisioner.
 
 #[doc(hidden)]
 pub mod bindings;
 mod config;
+pub mod dir_volume;
 pub mod dirs;
 mod host;
+pub mod needs;
 mod params;
 pub mod pattern;
 pub mod quantity;
@@ -26,6 +31,7 @@ pub mod testing;
 mod types;
 
 pub use config::{ConfigError, join, parse_config, require_absolute};
+pub use dir_volume::DirVolume;
 pub use host::Host;
 #[cfg(target_arch = "wasm32")]
 pub use host::WasmHost;

@@ -25,6 +25,7 @@ pub struct FakeHost {
     nfs_servers: Vec<String>,
     uids: Vec<(u32, u32)>,
     gids: Vec<(u32, u32)>,
+    dirs: Vec<(String, String)>,
     logs: RefCell<Vec<(LogLevel, String)>>,
 }
 
@@ -38,6 +39,14 @@ impl FakeHost {
     #[must_use]
     pub fn host_paths(mut self, prefix: &str) -> Self {
         self.host_path_prefixes.push(prefix.to_owned());
+        self
+    }
+
+    /// Maps the granted directory the guest sees at `guest` to `native`, a directory of the
+    /// test's (what [`Host::dir`] returns): a native test cannot use the guest's preopens.
+    #[must_use]
+    pub fn dir(mut self, guest: &str, native: &str) -> Self {
+        self.dirs.push((guest.to_owned(), native.to_owned()));
         self
     }
 
@@ -96,6 +105,13 @@ fn normalised(path: &str) -> bool {
 }
 
 impl Host for FakeHost {
+    fn dir(&self, guest: &str) -> String {
+        self.dirs
+            .iter()
+            .find(|(mapped, _)| mapped == guest)
+            .map_or_else(|| guest.to_owned(), |(_, native)| native.clone())
+    }
+
     fn log(&self, level: LogLevel, message: &str, fields: &[(&str, &str)]) {
         let mut line = message.to_owned();
         for (key, value) in fields {
@@ -235,6 +251,15 @@ pub fn volume(request: &ProvisionRequest, spec: &VolumeSpec) -> Volume {
     }
 }
 
+/// A grant's `[config]` as the host hands it over (JSON), from string keys and values.
+pub fn config(pairs: &[(&str, &str)]) -> String {
+    let object: serde_json::Map<String, serde_json::Value> = pairs
+        .iter()
+        .map(|(key, value)| ((*key).to_owned(), (*value).into()))
+        .collect();
+    serde_json::Value::Object(object).to_string()
+}
+
 /// A delete request for `volume`, with no StorageClass (it may be gone by then).
 pub fn delete_request(volume: Volume, config: &str) -> DeleteRequest {
     DeleteRequest {
@@ -257,4 +282,110 @@ pub fn expand_request(
         storage_class: class,
         config: config.to_owned(),
     }
+}
+
+/// Panics, naming the difference, unless the grant file `grant` (TOML text, e.g.
+/// `include_str!("../my-guest.toml")`) grants what `needs` declares: the same `provisioner`,
+/// `[[dirs]]` guest paths and access, `[volumes] kinds` and `[limits]`, and a `[config]` that
+/// sets every required key and no undeclared one. A line reader for the flat grant files
+/// guests ship, not a TOML parser: so a guest's shipped grant cannot drift from its section.
+pub fn assert_grant_matches(needs: &crate::needs::Needs, grant: &str) {
+    let declared: serde_json::Value =
+        serde_json::from_str(needs.json).expect("the needs section is JSON");
+    let mut table = String::new();
+    let mut provisioner = String::new();
+    let mut dirs: Vec<(String, String)> = Vec::new();
+    let mut kinds: Vec<String> = Vec::new();
+    let mut config: Vec<String> = Vec::new();
+    let mut limits = serde_json::Map::new();
+    for line in grant.lines().map(|line| without_comment(line).trim()) {
+        if line.starts_with('[') {
+            table = line.to_owned();
+            if table == "[[dirs]]" {
+                dirs.push(Default::default());
+            }
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let (key, value) = (key.trim(), value.trim());
+        // Lines inside a multi-line value (`{ node = ... }`) are not keys of the table.
+        if !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            continue;
+        }
+        let text = value.trim_matches('"').to_owned();
+        match (table.as_str(), key, dirs.last_mut()) {
+            ("", "provisioner", _) => provisioner = text,
+            ("[[dirs]]", "guest", Some(dir)) => dir.0 = text,
+            ("[[dirs]]", "access", Some(dir)) => dir.1 = text,
+            ("[volumes]", "kinds", _) => kinds = quoted_strings(value),
+            ("[config]", _, _) => config.push(key.to_owned()),
+            ("[limits]", "memory-mib" | "call-timeout-ms", _) => {
+                limits.insert(
+                    key.to_owned(),
+                    value.parse::<u64>().expect("a number").into(),
+                );
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(provisioner, declared["provisioner"], "provisioner");
+    let declared_dirs: Vec<(String, String)> = declared["dirs"]
+        .as_array()
+        .expect("dirs")
+        .iter()
+        .map(|dir| (text_of(&dir["guest"]), text_of(&dir["access"])))
+        .collect();
+    assert_eq!(dirs, declared_dirs, "[[dirs]] guest and access");
+    let declared_kinds: Vec<String> = declared["kinds"]
+        .as_array()
+        .expect("kinds")
+        .iter()
+        .map(text_of)
+        .collect();
+    assert_eq!(kinds, declared_kinds, "[volumes] kinds");
+    assert_eq!(
+        serde_json::Value::Object(limits),
+        declared["limits"],
+        "[limits]"
+    );
+    for key in &config {
+        assert!(
+            needs.config.iter().any(|declared| declared.key == key),
+            "[config] {key} is not declared"
+        );
+    }
+    for declared in needs.config.iter().filter(|declared| declared.required) {
+        assert!(
+            config.iter().any(|key| key == declared.key),
+            "[config] lacks the required {}",
+            declared.key
+        );
+    }
+}
+
+fn without_comment(line: &str) -> &str {
+    let mut quoted = false;
+    for (at, c) in line.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            '#' if !quoted => return &line[..at],
+            _ => {}
+        }
+    }
+    line
+}
+
+fn quoted_strings(value: &str) -> Vec<String> {
+    value
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+fn text_of(value: &serde_json::Value) -> String {
+    value.as_str().unwrap_or_default().to_owned()
 }
