@@ -49,6 +49,9 @@ async fn run_command() -> std::process::ExitCode {
             host_dirs,
             provisioner,
         }) => scaffold::grant_for_file(&file, &host_dirs, provisioner.as_deref()),
+        Command::Scaffold(Scaffold::Guest { name, sdk, dir }) => {
+            scaffold::guest(&name, &sdk, dir.as_deref())
+        }
         Command::Test {
             module,
             grant,

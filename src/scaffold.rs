@@ -1,5 +1,5 @@
 //! `scaffold`: starter files written from what already exists, so nobody writes them twice: a
-//! grant file from the needs a module declares.
+//! grant file from the needs a module declares, a guest crate from `guests/template`.
 //!
 //! A starter grant grants what the module asks, on the paths the operator names, and nothing
 //! else; it is text for the operator to review, never read by the host as authority.
@@ -207,6 +207,74 @@ fn bare_key(key: &str) -> String {
     } else {
         quoted(key)
     }
+}
+
+/// `guests/template`, built into the binary: (path in the new crate, text). The template's
+/// `cargo-generate.toml` is cargo-generate's, not the guest's.
+const TEMPLATE: &[(&str, &str)] = &[
+    ("Cargo.toml", include_str!("../guests/template/Cargo.toml")),
+    ("README.md", include_str!("../guests/template/README.md")),
+    (".gitignore", include_str!("../guests/template/.gitignore")),
+    ("src/lib.rs", include_str!("../guests/template/src/lib.rs")),
+    (
+        "tests/guest.rs",
+        include_str!("../guests/template/tests/guest.rs"),
+    ),
+    (
+        "{{project-name}}.toml",
+        include_str!("../guests/template/{{project-name}}.toml"),
+    ),
+];
+
+/// `scaffold guest NAME --sdk PATH`: a new guest crate in `dir` (default `./NAME`) that builds,
+/// passes its tests and loads with its grant file.
+pub fn guest(name: &str, sdk: &Path, dir: Option<&Path>) -> anyhow::Result<String> {
+    let valid = name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !valid {
+        bail!("guest name {name:?}: lowercase letters, digits and '-', starting with a letter");
+    }
+    let sdk = std::fs::canonicalize(sdk)
+        .with_context(|| format!("--sdk {}: not found", sdk.display()))?;
+    if !sdk.join("Cargo.toml").is_file() {
+        bail!(
+            "--sdk {}: no Cargo.toml (give the guests/sdk folder of a wasm-provisioner checkout)",
+            sdk.display()
+        );
+    }
+    let dir = dir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(name));
+    if dir.exists() {
+        bail!("{} exists; choose another --dir", dir.display());
+    }
+    let sdk_text = sdk
+        .to_str()
+        .context("the SDK's path is not UTF-8")?
+        .replace('\\', "\\\\");
+    let render = |text: &str| {
+        text.replace("{{project-name}}", name)
+            .replace("{{crate_name}}", &name.replace('-', "_"))
+            .replace("{{sdk-path}}", &sdk_text)
+    };
+    let mut written = Vec::new();
+    for (path, text) in TEMPLATE {
+        let target = dir.join(render(path));
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&target, render(text))
+            .with_context(|| format!("cannot write {}", target.display()))?;
+        written.push(format!("  {}\n", target.display()));
+    }
+    Ok(format!(
+        "created guest {name} in {}:\n{}next: cd {} && cargo test && cargo build --release --target wasm32-wasip2\n",
+        dir.display(),
+        written.concat(),
+        dir.display()
+    ))
 }
 
 #[cfg(test)]

@@ -371,3 +371,85 @@ fn test_replays_fixtures_and_record_rewrites_them() {
     );
     assert!(run(&stale, false).status.success(), "recorded: passes");
 }
+
+/// Every sample guest declares its needs; `scaffold grant` turns them into a grant file that
+/// loads unchanged, with nothing the module needs missing (no load warning about it).
+#[test]
+fn scaffold_grant_writes_a_grant_each_sample_loads_with() {
+    let samples = [
+        ("hostpath", "/volumes"),
+        ("local_path", "/nodes"),
+        ("nfs_subdir", "/export"),
+        ("scripted", "/state"),
+    ];
+    for (crate_name, guest_dir) in samples {
+        let host = tempfile::tempdir().unwrap();
+        let module = guest_wasm(crate_name);
+        let out = wasm_provisioner(&[
+            "scaffold",
+            "grant",
+            module.to_str().unwrap(),
+            "--host-dir",
+            &format!("{guest_dir}={}", host.path().display()),
+        ]);
+        let grant = text(&out.stdout);
+        assert!(out.status.success(), "{crate_name}: {}", text(&out.stderr));
+        let plugins = PluginsDir::new();
+        plugins.add(crate_name, crate_name, &grant);
+        let direct = wasm_provisioner::wasm::load_dir(
+            &wasm_provisioner::wasm::WasmEngine::new().unwrap(),
+            plugins.path(),
+        )
+        .unwrap();
+        assert_eq!(
+            direct.len(),
+            1,
+            "{crate_name}: {:?}\n{grant}",
+            direct.problems
+        );
+        let needs = wasm_provisioner::wasm::needs::read(&std::fs::read(&module).unwrap())
+            .unwrap()
+            .expect("a sample declares its needs");
+        let (_, guest) = direct.iter().next().unwrap();
+        assert_eq!(
+            wasm_provisioner::wasm::needs::missing(&needs, guest.grants()),
+            Vec::<String>::new(),
+            "{crate_name}\n{grant}"
+        );
+    }
+}
+
+/// The fixture files the samples ship pass against the samples as built, under their shipped
+/// grant files.
+#[test]
+fn the_samples_pass_their_shipped_fixtures() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (dir, crate_name) in [
+        ("hostpath", "hostpath"),
+        ("local-path", "local_path"),
+        ("nfs-subdir", "nfs_subdir"),
+    ] {
+        let folder = repo.join("guests").join(dir);
+        let fixtures = folder.join("fixtures.yaml");
+        let grant = folder.join(format!("{dir}.toml"));
+        let out = wasm_provisioner(&[
+            "test",
+            guest_wasm(crate_name).to_str().unwrap(),
+            "--grant",
+            grant.to_str().unwrap(),
+            fixtures.to_str().unwrap(),
+        ]);
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{dir}: {stdout}{}", text(&out.stderr));
+        assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+        let cases = std::fs::read_to_string(&fixtures)
+            .unwrap()
+            .matches("- name:")
+            .count();
+        assert!(cases >= 5, "{dir}: {cases} cases");
+        assert!(
+            stdout.contains(&format!("{cases} passed")),
+            "{dir}: {stdout}"
+        );
+    }
+}

@@ -84,7 +84,7 @@ pub enum Command {
         #[command(flatten)]
         compile: CompileArgs,
     },
-    /// Write a starter file: a grant file from what a module declares it needs.
+    /// Write a starter: a grant file from what a module declares it needs, or a new guest crate.
     #[command(subcommand)]
     Scaffold(Scaffold),
     /// Internal: compile the component on stdin under limits, the artifact to stdout (`run`
@@ -115,6 +115,18 @@ pub enum Scaffold {
         /// The StorageClass `provisioner:` name to serve (default: the one the module suggests).
         #[arg(long)]
         provisioner: Option<String>,
+    },
+    /// Create a new guest crate from the template: it builds, passes its tests on the SDK's
+    /// fake host and loads with the grant file it ships.
+    Guest {
+        /// The crate's name (lowercase letters, digits, '-').
+        name: String,
+        /// The SDK: the guests/sdk folder of a wasm-provisioner checkout.
+        #[arg(long)]
+        sdk: PathBuf,
+        /// Where to create it (default: ./NAME).
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
 }
 
