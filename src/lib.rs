@@ -15,6 +15,7 @@ pub mod controller;
 pub mod http;
 pub mod malloc;
 pub mod metrics;
+pub mod oci;
 pub mod offline;
 pub mod run;
 pub mod sizes;
