@@ -383,15 +383,14 @@ fn is_tls_failure(error: &(dyn std::error::Error + 'static)) -> bool {
         if error.is::<rustls::Error>() {
             return true;
         }
-        // An io::Error hides the error it wraps from `source()`.
-        if let Some(io) = error.downcast_ref::<std::io::Error>()
-            && io
+        // An io::Error hides the error it wraps from `source()` (hyper-rustls wraps tokio-rustls'
+        // io::Error, which wraps the rustls::Error, in another one).
+        next = match error.downcast_ref::<std::io::Error>() {
+            Some(io) => io
                 .get_ref()
-                .is_some_and(|inner| inner.is::<rustls::Error>())
-        {
-            return true;
-        }
-        next = error.source();
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => error.source(),
+        };
     }
     false
 }
