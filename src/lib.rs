@@ -16,6 +16,7 @@ pub mod fixtures;
 pub mod http;
 pub mod malloc;
 pub mod metrics;
+pub mod oci;
 pub mod offline;
 pub mod run;
 pub mod scaffold;

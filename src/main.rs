@@ -3,6 +3,7 @@
 use clap::Parser;
 use wasm_provisioner::config::{Cli, Command, Scaffold};
 use wasm_provisioner::config::{ForgetArgs, ReleaseArgs};
+use wasm_provisioner::oci::commands as oci;
 use wasm_provisioner::{fixtures, offline, run, scaffold, telemetry, uninstall};
 
 fn main() -> std::process::ExitCode {
@@ -66,6 +67,10 @@ async fn run_command() -> std::process::ExitCode {
             }),
         Command::ReleaseFinalizers(args) => release(args).await,
         Command::ForgetStorage(args) => forget(args).await,
+        Command::Push(args) => oci::push(args).await.map_err(Into::into),
+        Command::Pull(args) => oci::pull(args).await.map_err(Into::into),
+        Command::Save(args) => oci::save(args).map_err(Into::into),
+        Command::Load(args) => oci::load(args).map_err(Into::into),
         Command::CompileGuest {
             memory_mib,
             cpu_seconds,

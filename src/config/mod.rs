@@ -2,6 +2,7 @@
 //! `run`'s flags are in [`run_flags`], grouped as `run --help` shows them; [`settings`] checks
 //! them and turns them into what the controller runs with.
 
+mod registry_flags;
 mod run_flags;
 mod settings;
 
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub use registry_flags::{LoadArgs, PullArgs, PushArgs, RegistryArgs, SaveArgs};
 pub use run_flags::{
     ApiClientArgs, ControllerArgs, ElectionArgs, ElectionMode, GuestArgs, IntentArgs, IntentMode,
     MetricsArgs, NodeArgs, RetryArgs, RunArgs,
@@ -87,6 +89,14 @@ pub enum Command {
     /// Write a starter: a grant file from what a module declares it needs, or a new guest crate.
     #[command(subcommand)]
     Scaffold(Scaffold),
+    /// Push a guest component to an OCI registry as a wasm artifact.
+    Push(PushArgs),
+    /// Pull a guest from an OCI registry into a plugins directory (atomically, with its grant).
+    Pull(PullArgs),
+    /// Pack plugins (NAME.wasm with NAME.toml) into one tarball, for clusters without a registry.
+    Save(SaveArgs),
+    /// Install the plugins of a `save` tarball into a plugins directory, every digest checked.
+    Load(LoadArgs),
     /// Internal: compile the component on stdin under limits, the artifact to stdout (`run`
     /// compiles every guest this way, in a child process).
     #[command(hide = true)]
