@@ -395,7 +395,7 @@ impl Grants {
                     .into(),
             ));
         }
-        let module = ModulePin::from_table(file.module).map_err(invalid)?;
+        let module = ModulePin::from_table(file.module, base).map_err(invalid)?;
         let config = file.config.unwrap_or_default();
         let config_json = serde_json::to_string(&config)
             .map_err(|e| invalid(format!("config cannot be passed as JSON: {e}")))?;

@@ -16,6 +16,10 @@ pub(crate) struct ModuleTable {
     sha256: Option<String>,
     #[serde(default)]
     on_mismatch: Option<OnMismatch>,
+    #[serde(default)]
+    source: Option<String>,
+    #[serde(default)]
+    cosign_key: Option<std::path::PathBuf>,
 }
 
 /// What the guest that served before may still do once its file stops matching the pin.
@@ -50,6 +54,12 @@ pub struct ModulePin {
     pub sha256: Option<String>,
     /// What the last good module may do after a mismatch.
     pub on_mismatch: OnMismatch,
+    /// The OCI reference the running host fetches the module from when it is missing or does
+    /// not match (src/oci/fetch.rs); checked as a reference by the fetcher.
+    pub source: Option<String>,
+    /// The PEM public key (cosign.pub) whose signature the module's artifact must carry,
+    /// verified at every load from the evidence `pull` keeps beside it.
+    pub cosign_key: Option<String>,
 }
 
 /// A module whose bytes are not the ones its grant pins.
@@ -68,21 +78,40 @@ pub struct PinMismatch {
 impl ModulePin {
     /// Validates the table: a pin is 64 hex digits (an optional `sha256:` prefix, as registries
     /// write digests, is accepted).
-    pub(crate) fn from_table(table: Option<ModuleTable>) -> Result<ModulePin, String> {
+    pub(crate) fn from_table(
+        table: Option<ModuleTable>,
+        base: &std::path::Path,
+    ) -> Result<ModulePin, String> {
         let table = table.unwrap_or_default();
         let sha256 = match table.sha256 {
             None => None,
             Some(text) => Some(parse_digest(&text)?),
         };
-        let on_mismatch = match (table.on_mismatch, &sha256) {
-            (Some(_), None) => {
-                return Err("module.on-mismatch needs module.sha256 (nothing to mismatch)".into());
+        let vouched = sha256.is_some() || table.cosign_key.is_some();
+        let on_mismatch = match (table.on_mismatch, vouched) {
+            (Some(_), false) => {
+                return Err(
+                    "module.on-mismatch needs module.sha256 or module.cosign-key (nothing to mismatch)"
+                        .into(),
+                );
             }
             (choice, _) => choice.unwrap_or_default(),
+        };
+        let cosign_key = match table.cosign_key {
+            None => None,
+            Some(path) => {
+                let path = base.join(path);
+                let text = std::fs::read_to_string(&path).map_err(|e| {
+                    format!("module.cosign-key: cannot read {}: {e}", path.display())
+                })?;
+                Some(text)
+            }
         };
         Ok(ModulePin {
             sha256,
             on_mismatch,
+            source: table.source,
+            cosign_key,
         })
     }
 
@@ -117,6 +146,7 @@ pub fn pin_lines(sha256: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     const A: &str = "ab0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcd";
 
@@ -124,6 +154,7 @@ mod tests {
         Some(ModuleTable {
             sha256: sha256.map(str::to_owned),
             on_mismatch,
+            ..ModuleTable::default()
         })
     }
 
@@ -139,16 +170,17 @@ mod tests {
             (String::new(), Err(())),
         ];
         for (text, want) in cases {
-            let got = ModulePin::from_table(table(Some(&text), None)).map(|p| p.sha256.unwrap());
+            let got = ModulePin::from_table(table(Some(&text), None), Path::new("/"))
+                .map(|p| p.sha256.unwrap());
             assert_eq!(got.map_err(|_| ()), want, "{text:?}");
         }
     }
 
     #[test]
     fn an_unpinned_grant_loads_any_bytes_and_a_pinned_one_only_its_own() {
-        let open = ModulePin::from_table(None).unwrap();
+        let open = ModulePin::from_table(None, Path::new("/")).unwrap();
         assert_eq!(open.check(A), Ok(()));
-        let pinned = ModulePin::from_table(table(Some(A), None)).unwrap();
+        let pinned = ModulePin::from_table(table(Some(A), None), Path::new("/")).unwrap();
         assert_eq!(pinned.on_mismatch, OnMismatch::Wait);
         assert_eq!(pinned.check(A), Ok(()));
         let other = "cd".repeat(32);
@@ -158,9 +190,18 @@ mod tests {
 
     #[test]
     fn a_mismatch_policy_without_a_pin_is_refused() {
-        assert!(ModulePin::from_table(table(None, Some(OnMismatch::DeleteWithLastGood))).is_err());
-        let pin =
-            ModulePin::from_table(table(Some(A), Some(OnMismatch::DeleteWithLastGood))).unwrap();
+        assert!(
+            ModulePin::from_table(
+                table(None, Some(OnMismatch::DeleteWithLastGood)),
+                Path::new("/")
+            )
+            .is_err()
+        );
+        let pin = ModulePin::from_table(
+            table(Some(A), Some(OnMismatch::DeleteWithLastGood)),
+            Path::new("/"),
+        )
+        .unwrap();
         assert_eq!(pin.on_mismatch, OnMismatch::DeleteWithLastGood);
     }
 
@@ -173,7 +214,7 @@ mod tests {
         }
         let file: File = toml::from_str(&text).unwrap();
         assert_eq!(
-            ModulePin::from_table(file.module)
+            ModulePin::from_table(file.module, Path::new("/"))
                 .unwrap()
                 .sha256
                 .as_deref(),

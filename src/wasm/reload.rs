@@ -329,7 +329,19 @@ impl Loader {
         let display = wasm.display().to_string();
         if let Err(mismatch) = super::engine::check_pin(&display, &grants, &wasm_sha256) {
             PluginStats::bump(&self.stats.rejections);
-            return Err(pin_refusal(wasm, mismatch, &grants, previous));
+            return Err(module_refusal(
+                wasm,
+                mismatch.to_string(),
+                &grants,
+                previous,
+            ));
+        }
+        if let Some(key) = &grants.module.cosign_key
+            && let Err(why) = signed(&self.dir, name, key, &wasm_sha256)
+        {
+            PluginStats::bump(&self.stats.rejections);
+            let reason = format!("{display}: {why}; refused");
+            return Err(module_refusal(wasm, reason, &grants, previous));
         }
         let loaded = match &self.queue {
             None => self.engine.load_bytes(name, &display, &bytes, grants),
@@ -534,12 +546,35 @@ enum Previous {
     DeletesOnly(String),
 }
 
-/// The refusal of a module whose bytes are not the ones its grant pins. The guest that served
-/// before stops serving claims; it deletes on only when the grant says so and its own bytes
-/// are the pinned ones (a grant that pins new bytes has not vouched for the old).
-fn pin_refusal(
+/// The largest signature evidence file read: a manifest, a payload and a signature.
+const MAX_EVIDENCE_BYTES: u64 = 256 * 1024;
+
+/// Whether the evidence `pull` kept beside `NAME.wasm` shows a signature by `key` of the
+/// artifact whose module has SHA-256 `module_hex`.
+fn signed(dir: &Path, name: &str, key: &str, module_hex: &str) -> Result<(), String> {
+    use std::io::Read as _;
+    let path = dir.join(crate::oci::cosign::evidence_file(name));
+    let mut text = String::new();
+    std::fs::File::open(&path)
+        .and_then(|file| file.take(MAX_EVIDENCE_BYTES).read_to_string(&mut text))
+        .map_err(|e| {
+            format!(
+                "its grant names a cosign-key and its signature evidence {} cannot be read ({e}): pull it with `wasm-provisioner pull --grant` or load it from a `save` tarball",
+                path.display()
+            )
+        })?;
+    let evidence: crate::oci::cosign::Evidence = serde_json::from_str(&text)
+        .map_err(|e| format!("signature evidence {}: {e}", path.display()))?;
+    crate::oci::cosign::verify(&evidence, key, module_hex).map_err(|e| e.to_string())
+}
+
+/// The refusal of a module whose bytes are not the ones its grant vouches for (pin or
+/// signature). The guest that served before stops serving claims; it deletes on only when the
+/// grant says so and its own bytes are the pinned ones (a grant that pins new bytes has not
+/// vouched for the old).
+fn module_refusal(
     wasm: &Path,
-    mismatch: super::LoadError,
+    mismatch: String,
     grants: &Grants,
     previous: Option<&Entry>,
 ) -> Refusal {
@@ -550,7 +585,7 @@ fn pin_refusal(
     let (then, consequence) = match (previous, last_good) {
         (_, Some(good)) => {
             let why = format!(
-                "its module no longer matches the grant's pin; the last good module (sha256 {}) only deletes (on-mismatch = \"delete-with-last-good\")",
+                "its module is no longer one its grant vouches for (pin, signature); the last good module (sha256 {}) only deletes (on-mismatch = \"delete-with-last-good\")",
                 good.wasm_sha256
             );
             (
@@ -559,7 +594,7 @@ fn pin_refusal(
             )
         }
         (Some(_), None) => (
-            Previous::Unload("its module no longer matches the grant's pin"),
+            Previous::Unload("its module is no longer one its grant vouches for (pin, signature)"),
             "; the guest stops serving: its claims and released volumes wait for a module that matches",
         ),
         (None, None) => (Previous::Unload("refused"), ""),

@@ -103,7 +103,7 @@ fn a_bad_pin_is_a_grant_error_that_names_the_key() {
     assert!(
         reasons
             .iter()
-            .any(|r| r.contains("module.on-mismatch needs module.sha256")),
+            .any(|r| r.contains("module.on-mismatch needs module.sha256 or module.cosign-key")),
         "{reasons:?}"
     );
 }
@@ -213,4 +213,105 @@ async fn with_delete_with_last_good_the_last_matching_module_deletes_and_serves_
     );
     let repinned = loader.scan().unwrap();
     assert!(repinned.plugins.for_deleting(PINNED).is_none());
+}
+
+/// A P-256 key pair, its public half as cosign.pub (PEM), and signatures in cosign's format.
+struct CosignKey {
+    pair: ring::signature::EcdsaKeyPair,
+    pem: String,
+}
+
+impl CosignKey {
+    fn new() -> CosignKey {
+        use base64::Engine as _;
+        use ring::signature::{ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair, KeyPair};
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng).unwrap();
+        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, pkcs8.as_ref(), &rng)
+            .unwrap();
+        let mut der = hex::decode("3059301306072a8648ce3d020106082a8648ce3d030107034200").unwrap();
+        der.extend_from_slice(pair.public_key().as_ref());
+        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+        let pem = format!("-----BEGIN PUBLIC KEY-----\n{b64}\n-----END PUBLIC KEY-----\n");
+        CosignKey { pair, pem }
+    }
+
+    /// The evidence `pull` keeps for an artifact whose wasm layer is `module`.
+    fn evidence_for(&self, module: &[u8]) -> String {
+        use base64::Engine as _;
+        use wasm_provisioner::oci::cosign;
+        let manifest = format!(
+            r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","layers":[{{"mediaType":"application/wasm","digest":"sha256:{}","size":{}}}]}}"#,
+            hex::encode(Sha256::digest(module)),
+            module.len()
+        );
+        let payload = cosign::payload_for(
+            "registry.local/guests/pinned",
+            &hex::encode(Sha256::digest(manifest.as_bytes())),
+        );
+        let signature = self
+            .pair
+            .sign(&ring::rand::SystemRandom::new(), payload.as_bytes())
+            .unwrap();
+        serde_json::to_string(&cosign::Evidence {
+            manifest,
+            payload,
+            signature: base64::engine::general_purpose::STANDARD.encode(signature.as_ref()),
+        })
+        .unwrap()
+    }
+}
+
+/// A grant naming a cosign key loads a module only with evidence of that key's signature of
+/// an artifact whose layer is those bytes: no evidence, another key's, or evidence of other
+/// bytes is refused like a wrong digest, and the guest serving before stops serving.
+#[test]
+fn a_grant_with_a_cosign_key_loads_only_modules_its_key_signed() {
+    let storage = tempfile::tempdir().unwrap();
+    let plugins = PluginsDir::new();
+    let key = CosignKey::new();
+    std::fs::write(plugins.path().join("cosign.pub.pem"), &key.pem).unwrap();
+    let grant = pinned_grant(PINNED, storage.path(), "cosign-key = \"cosign.pub.pem\"");
+    let hostpath = std::fs::read(guest_wasm("hostpath")).unwrap();
+    let evidence = plugins.path().join(".live.sig.json");
+    let mut loader = Loader::new(WasmEngine::new().unwrap(), plugins.path().to_owned());
+
+    plugins.add("live", "hostpath", &grant);
+    let unsigned = loader.scan().unwrap();
+    assert!(!unsigned.plugins.serves(PINNED));
+    let reason = &unsigned.plugins.problems[0].reason;
+    assert!(
+        reason.contains("signature evidence") && reason.contains("cannot be read"),
+        "{reason}"
+    );
+
+    std::fs::write(&evidence, CosignKey::new().evidence_for(&hostpath)).unwrap();
+    let stranger = loader.scan().unwrap();
+    assert!(!stranger.plugins.serves(PINNED));
+    assert!(
+        stranger.plugins.problems[0]
+            .reason
+            .contains("does not verify with the pinned key"),
+        "{:?}",
+        stranger.plugins.problems
+    );
+
+    std::fs::write(&evidence, key.evidence_for(&hostpath)).unwrap();
+    let signed = loader.scan().unwrap();
+    assert!(
+        signed.plugins.serves(PINNED),
+        "{:?}",
+        signed.plugins.problems
+    );
+
+    // Other bytes under the same evidence: the signed manifest names another module.
+    plugins.add("live", "scripted", &grant);
+    let swapped = loader.scan().unwrap();
+    assert!(!swapped.plugins.serves(PINNED));
+    let reason = &swapped.plugins.problems[0].reason;
+    assert!(
+        reason.contains("the signed manifest names module"),
+        "{reason}"
+    );
+    assert!(reason.contains("stops serving"), "{reason}");
 }
