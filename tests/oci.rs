@@ -23,9 +23,13 @@ const GRANT: &str = "# hostpath's grant, as an operator writes it\n[dirs]\n";
 
 /// Pushes the hostpath guest to `registry_addr/guests/hostpath:v1`; (manifest, layer) digests.
 fn push(registry_addr: &str, extra: &[&str]) -> (String, String) {
+    push_as(registry_addr, "v1", extra)
+}
+
+fn push_as(registry_addr: &str, tag: &str, extra: &[&str]) -> (String, String) {
     let work = tempfile::tempdir().unwrap();
     let file = write(work.path(), "hostpath.wasm", component());
-    let reference = format!("{registry_addr}/guests/hostpath:v1");
+    let reference = format!("{registry_addr}/guests/hostpath:{tag}");
     let mut args = vec![
         "push",
         file.to_str().unwrap(),
@@ -92,6 +96,23 @@ fn push_then_pull_by_tag_and_by_digest_round_trips_the_bytes() {
         assert!(out.contains(&pasted), "{out}");
         assert!(out.contains(&manifest), "{out}");
     }
+
+    // The same component again under another tag: its layer is already there (HEAD answers
+    // 200 with its length and no body) and is not uploaded again; the config (a new `created`)
+    // is.
+    let proxy = Proxy::start(&registry.addr, |_, _| Action::Forward);
+    let (_, layer_again) = push_as(&proxy.addr, "v2", &[]);
+    assert_eq!(layer_again, layer);
+    let uploads: Vec<String> = proxy
+        .seen()
+        .into_iter()
+        .filter(|r| r.starts_with("PUT") && r.contains("/blobs/"))
+        .collect();
+    assert_eq!(uploads.len(), 1, "{uploads:?}");
+    assert!(
+        !uploads[0].contains(&layer["sha256:".len()..]),
+        "{uploads:?}"
+    );
 
     // A digest the registry does not have is a clear not-found, and nothing is written.
     let plugins = tempfile::tempdir().unwrap();
@@ -370,6 +391,33 @@ fn a_one_gib_layer_is_refused_before_any_blob_byte() {
 }
 
 #[test]
+fn a_registry_sending_more_than_the_manifest_declares_is_cut_off() {
+    let registry = Registry::start(None);
+    let (_, layer) = push(&registry.addr, &[]);
+    // The real layer's digest, declared 1000 bytes long; the blob is the real one (larger).
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "config": {"mediaType": "application/vnd.wasm.config.v0+json",
+                   "digest": Digest::of(b"{}").to_string(), "size": 2},
+        "layers": [{"mediaType": "application/wasm", "digest": layer, "size": 1000}],
+    });
+    let body = serde_json::to_vec(&manifest).unwrap();
+    let proxy = Proxy::start(&registry.addr, move |_, path: &str| {
+        if path.contains("/manifests/") {
+            Action::Serve("application/vnd.oci.image.manifest.v1+json", body.clone())
+        } else {
+            Action::Forward
+        }
+    });
+    let plugins = tempfile::tempdir().unwrap();
+    let reference = format!("{}/guests/hostpath:v1", proxy.addr);
+    let (ok, _, err) = pull(&reference, plugins.path(), &[&proxy.addr], &[]);
+    assert!(!ok);
+    assert!(err.contains("larger than the 1000 bytes allowed"), "{err}");
+    assert!(files(plugins.path()).is_empty());
+}
+
+#[test]
 fn basic_auth_from_a_docker_config_and_a_clear_401_without_it() {
     let registry = Registry::start(Some(("alice", "s3cret")));
     let work = tempfile::tempdir().unwrap();
@@ -495,6 +543,39 @@ fn the_bearer_token_flow_gets_a_token_from_the_realm_with_the_credentials() {
     let (ok, _, err) = pull(&reference, empty.path(), &[&proxy.addr], &[]);
     assert!(!ok);
     assert!(err.contains("401 Unauthorized"), "{err}");
+    assert!(files(empty.path()).is_empty());
+}
+
+#[test]
+fn https_with_a_custom_ca() {
+    let certs = tempfile::tempdir().unwrap();
+    let (ca, certificate, key) = test_ca(certs.path());
+    let registry = Registry::start_with(None, Some((&certificate, &key)));
+    let ca_flag = ["--ca-file", ca.to_str().unwrap()];
+    let work = tempfile::tempdir().unwrap();
+    let file = write(work.path(), "hostpath.wasm", component());
+    let reference = format!("{}/guests/hostpath:v1", registry.addr);
+    let mut args = vec!["push", file.to_str().unwrap(), &reference];
+    args.extend_from_slice(&ca_flag);
+    let (ok, _, err) = provisioner(&args);
+    assert!(ok, "{err}");
+
+    let plugins = tempfile::tempdir().unwrap();
+    let (ok, _, err) = pull(&reference, plugins.path(), &[], &ca_flag);
+    assert!(ok, "{err}");
+    assert_eq!(
+        std::fs::read(plugins.path().join("hostpath.wasm")).unwrap(),
+        component()
+    );
+
+    // Without the CA the certificate is refused, at once (not retried).
+    let empty = tempfile::tempdir().unwrap();
+    let (ok, _, err) = pull(&reference, empty.path(), &[], &[]);
+    assert!(!ok);
+    assert!(
+        err.contains("UnknownIssuer") && err.contains("after 1 attempt(s)"),
+        "{err}"
+    );
     assert!(files(empty.path()).is_empty());
 }
 

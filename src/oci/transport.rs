@@ -315,13 +315,14 @@ impl Transport {
             url: request.url.clone(),
             limit,
         };
-        // A declared length over the cap is refused before a byte of the body is read.
+        // A declared length over the cap is refused before a byte of the body is read. A HEAD
+        // answer declares the length of a body it does not send.
         let declared = parts
             .headers
             .get(CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if success && declared.is_some_and(|len| len > limit) {
+        if success && request.method != Method::HEAD && declared.is_some_and(|len| len > limit) {
             return Err(too_large());
         }
         let mut hasher = Hasher::default();

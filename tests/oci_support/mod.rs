@@ -40,6 +40,11 @@ fn free_port() -> u16 {
 impl Registry {
     /// A registry with no auth, or htpasswd auth for one user.
     pub fn start(user: Option<(&str, &str)>) -> Registry {
+        Registry::start_with(user, None)
+    }
+
+    /// Over HTTPS with this certificate and key (PEM files).
+    pub fn start_with(user: Option<(&str, &str)>, tls: Option<(&Path, &Path)>) -> Registry {
         let root = tempfile::tempdir().expect("tempdir");
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");
@@ -49,6 +54,13 @@ impl Registry {
              http:\n  addr: {addr}\n  secret: test-secret\n",
             root.path().join("data").display()
         );
+        if let Some((certificate, key)) = tls {
+            config.push_str(&format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                certificate.display(),
+                key.display()
+            ));
+        }
         if let Some((name, password)) = user {
             let htpasswd = root.path().join("htpasswd");
             // apache2-utils' htpasswd, bcrypt (-B): the only format the registry reads.
@@ -87,6 +99,78 @@ impl Registry {
         }
         registry
     }
+}
+
+/// A CA and a certificate for 127.0.0.1 it signed (openssl): (ca.pem, server.pem, server.key).
+pub fn test_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let run = |args: &[&str]| {
+        let status = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl");
+        assert!(status.success(), "openssl {args:?}");
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec![
+        "req", "-x509", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+    ];
+    ca.extend_from_slice(&ec);
+    ca.extend_from_slice(&[
+        "-subj",
+        "/CN=wasm-provisioner test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign",
+    ]);
+    run(&ca);
+    let mut csr = vec![
+        "req",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ];
+    csr.extend_from_slice(&ec);
+    run(&csr);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    )
 }
 
 /// What the proxy does with one request.
