@@ -68,6 +68,15 @@ struct IndexEntry {
     /// Of `NAME.toml`, when the plugin has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     grant_sha256: Option<String>,
+    /// Of its cosign signature evidence (`.NAME.sig.json` in a plugins directory, `NAME.sig.json`
+    /// in the tarball), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    signature_sha256: Option<String>,
+}
+
+/// The tarball's name of a plugin's signature evidence (tar entries are never hidden files).
+fn evidence_entry(name: &str) -> String {
+    format!("{name}.sig.json")
 }
 
 /// One plugin saved or loaded.
@@ -108,11 +117,18 @@ pub fn save(dir: &Path, names: &[String], out: &Path) -> Result<Vec<Plugin>, Arc
         } else {
             None
         };
+        let evidence_path = dir.join(super::cosign::evidence_file(&name));
+        let evidence = if evidence_path.exists() {
+            Some(read(evidence_path)?)
+        } else {
+            None
+        };
         let digest = Digest::of(&module);
         index.modules.push(IndexEntry {
             name: name.clone(),
             sha256: digest.hex().to_string(),
             grant_sha256: grant.as_ref().map(|g| Digest::of(g).hex().to_string()),
+            signature_sha256: evidence.as_ref().map(|e| Digest::of(e).hex().to_string()),
         });
         plugins.push(Plugin {
             name: name.clone(),
@@ -122,6 +138,9 @@ pub fn save(dir: &Path, names: &[String], out: &Path) -> Result<Vec<Plugin>, Arc
         files.push((format!("{name}.wasm"), module));
         if let Some(grant) = grant {
             files.push((format!("{name}.toml"), grant));
+        }
+        if let Some(evidence) = evidence {
+            files.push((evidence_entry(&name), evidence));
         }
     }
     let index = serde_json::to_vec_pretty(&index).expect("the index serializes");
@@ -235,7 +254,9 @@ pub fn load(path: &Path, dir: &Path, max_bytes: u64) -> Result<Vec<Plugin>, Arch
                         actual,
                     });
                 }
-                let grant = Grant::parse(&PathBuf::from(&grant_name), bytes)?;
+                // Resolved where the host will read it: a cosign key beside the grant is the
+                // destination's (the operator's trust), never one from the tarball.
+                let grant = Grant::parse(&dir.join(&grant_name), bytes)?;
                 grant.check(&digest)?;
                 Some(grant.bytes)
             }
@@ -247,14 +268,38 @@ pub fn load(path: &Path, dir: &Path, max_bytes: u64) -> Result<Vec<Plugin>, Arch
             }
             (None, Some(_)) => return Err(entry_err(&grant_name, "not in the index")),
         };
-        checked.push((entry.name.clone(), digest, module, grant));
+        let evidence_name = evidence_entry(&entry.name);
+        let evidence = match (&entry.signature_sha256, files.remove(&evidence_name)) {
+            (None, None) => None,
+            (Some(expected), Some(bytes)) if Digest::of(&bytes).hex() == expected => Some(bytes),
+            (Some(expected), Some(bytes)) => {
+                return Err(ArchiveError::Mismatch {
+                    path: path.to_owned(),
+                    name: evidence_name,
+                    expected: expected.clone(),
+                    actual: Digest::of(&bytes),
+                });
+            }
+            (Some(_), None) => {
+                return Err(ArchiveError::Missing {
+                    path: path.to_owned(),
+                    name: evidence_name,
+                });
+            }
+            (None, Some(_)) => return Err(entry_err(&evidence_name, "not in the index")),
+        };
+        checked.push((entry.name.clone(), digest, module, grant, evidence));
     }
     if let Some(extra) = files.keys().next() {
         return Err(entry_err(extra, "not in the index"));
     }
     // Everything is checked: only now is anything written.
     let mut plugins = Vec::new();
-    for (name, digest, module, grant) in checked {
+    for (name, digest, module, grant, evidence) in checked {
+        // The evidence before the module: a signed guest's module is never there without it.
+        if let Some(evidence) = evidence {
+            install::write_atomic(dir, &super::cosign::evidence_file(&name), &evidence)?;
+        }
         install::install(dir, &name, &module, grant.as_deref())?;
         plugins.push(Plugin {
             name,

@@ -40,6 +40,12 @@ pub enum OciError {
     ModuleTooLarge { path: std::path::PathBuf, size: u64 },
     #[error("push needs a tag (REGISTRY/REPOSITORY:TAG), not a digest: {reference}")]
     PushByDigest { reference: String },
+    #[error("{reference}: {source}; nothing was written")]
+    Signature {
+        reference: String,
+        #[source]
+        source: super::cosign::SignatureError,
+    },
 }
 
 fn mib(value: u64) -> u64 {
@@ -139,11 +145,31 @@ pub async fn pull_into(
     if let Some(grant) = grant {
         grant.check(&declared)?;
     }
+    // A signed guest's signature is checked before its bytes are fetched, and kept beside it
+    // so every load checks it again (offline).
+    let evidence = match grant.and_then(|g| g.module.cosign_key.as_deref()) {
+        Some(key) => Some(
+            super::cosign::fetch(registry, reference, &pulled, &declared, key)
+                .await
+                .map_err(|source| match source {
+                    super::cosign::FetchError::Registry(error) => OciError::Registry(error),
+                    super::cosign::FetchError::Signature(source) => OciError::Signature {
+                        reference: reference.to_string(),
+                        source,
+                    },
+                })?,
+        ),
+        None => None,
+    };
     let module = registry.blob(reference, layer, module_limit).await?;
     // The blob was checked against `declared`; the pin is checked on the bytes themselves too.
     let digest = Digest::of(&module);
     if let Some(grant) = grant {
         grant.check(&digest)?;
+    }
+    if let Some(evidence) = &evidence {
+        let json = serde_json::to_vec(evidence).expect("evidence serializes");
+        install::write_atomic(dir, &super::cosign::evidence_file(name), &json)?;
     }
     install::install(dir, name, &module, grant.map(|g| g.bytes.as_slice()))?;
     Ok(Pulled {

@@ -167,6 +167,79 @@ struct Layer {
     digest: String,
 }
 
+/// Why no verified signature could be fetched.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The registry failed.
+    #[error(transparent)]
+    Registry(#[from] super::registry::RegistryError),
+    /// Nothing there verifies.
+    #[error(transparent)]
+    Signature(#[from] SignatureError),
+}
+
+/// The largest cosign payload fetched (a payload is a few hundred bytes).
+const MAX_PAYLOAD_BYTES: u64 = 64 * 1024;
+/// Signatures tried per artifact (cosign appends one layer per signing).
+const MAX_SIGNATURES: usize = 16;
+
+/// Fetches the cosign signatures of `pulled` (the manifest `reference` named) from its
+/// repository's `sha256-<hex>.sig` tag and returns the evidence of the first one that verifies
+/// under `key` for the module `module`.
+pub async fn fetch(
+    registry: &mut super::registry::Registry,
+    reference: &super::Reference,
+    pulled: &super::registry::PulledManifest,
+    module: &super::Digest,
+    key: &str,
+) -> Result<Evidence, FetchError> {
+    let manifest = String::from_utf8(pulled.raw.to_vec())
+        .map_err(|_| SignatureError::Manifest("is not UTF-8".into()))?;
+    let signatures = super::Reference {
+        tag: Some(signature_tag(pulled.digest.hex())),
+        digest: None,
+        ..reference.clone()
+    };
+    let listed = match registry.manifest(&signatures).await {
+        Ok(listed) => listed,
+        Err(super::registry::RegistryError::NotFound { .. }) => {
+            return Err(SignatureError::Missing(format!("{reference} (no {signatures})")).into());
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let mut last =
+        SignatureError::Missing(format!("{reference} (no signature layer in {signatures})"));
+    for layer in listed
+        .manifest
+        .layers
+        .iter()
+        .filter(|l| l.media_type == PAYLOAD_MEDIA_TYPE)
+        .take(MAX_SIGNATURES)
+    {
+        let Some(signature) = layer
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SIGNATURE_ANNOTATION))
+        else {
+            continue;
+        };
+        let payload = registry.blob(&signatures, layer, MAX_PAYLOAD_BYTES).await?;
+        let Ok(payload) = String::from_utf8(payload.to_vec()) else {
+            continue;
+        };
+        let evidence = Evidence {
+            manifest: manifest.clone(),
+            payload,
+            signature: signature.clone(),
+        };
+        match verify(&evidence, key, module.hex()) {
+            Ok(()) => return Ok(evidence),
+            Err(error) => last = error,
+        }
+    }
+    Err(last.into())
+}
+
 /// Cosign's payload for the manifest with digest `sha256:<hex>` in `repository`, as it writes it.
 pub fn payload_for(repository: &str, manifest_hex: &str) -> String {
     serde_json::json!({

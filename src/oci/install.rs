@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::digest::{Digest, is_sha256_hex};
+use super::digest::Digest;
+use crate::wasm::pin::{ModulePin, ModuleTable};
 
 /// Why an install was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -28,8 +29,8 @@ pub enum InstallError {
         #[source]
         source: toml::de::Error,
     },
-    #[error("{path}: [module] sha256 {value:?} is not 64 lowercase hex digits")]
-    PinShape { path: PathBuf, value: String },
+    #[error("{path}: {reason}")]
+    PinShape { path: PathBuf, reason: String },
     #[error(
         "the grant {path} pins [module] sha256 = \"{pinned}\" but the module is {actual}; nothing was written"
     )]
@@ -46,12 +47,15 @@ pub enum InstallError {
     },
 }
 
-/// A grant file's bytes and the module digest it pins, if it pins one.
+/// A grant file's bytes and its `[module]` table, read as the host reads it when it loads.
 #[derive(Debug, Clone)]
 pub struct Grant {
     pub path: PathBuf,
     pub bytes: Vec<u8>,
+    /// The module digest it pins, if it pins one.
     pub pin: Option<Digest>,
+    /// The rest of its `[module]` table (cosign key, source).
+    pub module: ModulePin,
 }
 
 impl Grant {
@@ -63,37 +67,33 @@ impl Grant {
         Grant::parse(path, bytes)
     }
 
-    /// Reads only `[module] sha256`; the rest of the grant is the host's to judge when it loads.
+    /// Reads only `[module]` (with the host's own rules); the rest of the grant is the host's to
+    /// judge when it loads.
     pub fn parse(path: &Path, bytes: Vec<u8>) -> Result<Grant, InstallError> {
         #[derive(Deserialize)]
         struct File {
-            module: Option<Module>,
-        }
-        #[derive(Deserialize)]
-        struct Module {
-            sha256: Option<String>,
+            module: Option<ModuleTable>,
         }
         let text = String::from_utf8_lossy(&bytes);
         let file: File = toml::from_str(&text).map_err(|source| InstallError::ParseGrant {
             path: path.to_owned(),
             source,
         })?;
-        let pin = match file.module.and_then(|m| m.sha256) {
-            Some(hex) if is_sha256_hex(&hex) => {
-                Some(Digest::from_hex(&hex).expect("checked just above"))
-            }
-            Some(value) => {
-                return Err(InstallError::PinShape {
-                    path: path.to_owned(),
-                    value,
-                });
-            }
-            None => None,
-        };
+        let base = path.parent().unwrap_or(Path::new("."));
+        let module =
+            ModulePin::from_table(file.module, base).map_err(|reason| InstallError::PinShape {
+                path: path.to_owned(),
+                reason,
+            })?;
+        let pin = module
+            .sha256
+            .as_deref()
+            .map(|hex| Digest::from_hex(hex).expect("ModulePin checks the shape"));
         Ok(Grant {
             path: path.to_owned(),
             bytes,
             pin,
+            module,
         })
     }
 

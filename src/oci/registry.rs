@@ -85,6 +85,8 @@ impl Default for Limits {
 pub struct PulledManifest {
     pub digest: Digest,
     pub manifest: Manifest,
+    /// The bytes as served (what the digest, and a signature of it, are over).
+    pub raw: Bytes,
 }
 
 /// A client of registries, keeping the auth headers it earned per repository and access.
@@ -152,6 +154,7 @@ impl Registry {
         Ok(PulledManifest {
             digest: response.digest,
             manifest,
+            raw: response.body,
         })
     }
 
