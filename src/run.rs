@@ -86,8 +86,41 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let _ = plugins_tx.send(plugins);
     })
     .context("cannot start watching the plugins directory")?;
+    start_fetcher(&args)?;
     let client = client(args.api.kubeconfig.as_deref()).await?;
     controller::run_watching(client, plugins_rx, settings, metrics, shutdown_signal()).await
+}
+
+/// Fetches the modules of grants naming a `[module] source`, supervised: a pass that panics is
+/// logged and the fetcher starts again. A pass reads the grant files only, so it costs nothing
+/// when no grant names a source.
+fn start_fetcher(args: &RunArgs) -> anyhow::Result<()> {
+    let dir = args.guests.plugins.clone();
+    let every = args.guests.fetch_interval;
+    let registry_args = args.registry.clone();
+    // Checked at start: a bad --ca-file or --registry-config is named now, not at first fetch.
+    crate::oci::commands::registry(&registry_args)?;
+    tokio::spawn(async move {
+        loop {
+            let registry = match crate::oci::commands::registry(&registry_args) {
+                Ok(registry) => registry,
+                Err(error) => {
+                    tracing::error!(%error, "cannot build the registry client; module fetches stop");
+                    return;
+                }
+            };
+            let limit = registry_args.max_module_mib.saturating_mul(1024 * 1024);
+            let fetcher = crate::oci::fetch::Fetcher::new(dir.clone(), registry, limit);
+            match tokio::spawn(fetcher.run(every)).await {
+                Ok(()) => return,
+                Err(error) => {
+                    tracing::error!(%error, "the module fetcher stopped; starting it again");
+                    tokio::time::sleep(every).await;
+                }
+            }
+        }
+    });
+    Ok(())
 }
 
 /// Logs `plugins ready` once every module found at start was tried once (served or refused),

@@ -5,7 +5,10 @@
 //! at load. (cosign itself is not packaged for this machine; its on-registry format is.)
 
 mod common;
-#[allow(dead_code, reason = "the registry tests' helpers; this file uses the registry and files ones")]
+#[allow(
+    dead_code,
+    reason = "the registry tests' helpers; this file uses the registry and files ones"
+)]
 mod oci_support;
 
 use std::path::Path;

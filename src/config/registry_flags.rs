@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use clap::Args;
 
-/// How a registry is reached: shared by `push` and `pull`.
+/// How a registry is reached: shared by `push`, `pull` and `run` (grants naming a source).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Registries")]
 pub struct RegistryArgs {
     /// A Docker config.json with credentials per registry (a `kubernetes.io/dockerconfigjson`
     /// Secret's `.dockerconfigjson`, mounted as a file).

@@ -28,6 +28,8 @@ pub struct RunArgs {
     pub node: NodeArgs,
     #[command(flatten)]
     pub metrics: MetricsArgs,
+    #[command(flatten)]
+    pub registry: super::RegistryArgs,
 }
 
 /// Where the guests come from and how they are compiled and run.
@@ -40,6 +42,10 @@ pub struct GuestArgs {
     /// Full rescan of the plugins directory this often, on top of file-change events.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub plugins_rescan_interval: Duration,
+    /// How often grants naming a `[module] source` are checked, and their module fetched when
+    /// it is missing or not the one they vouch for (a failing one backs off on its own).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub fetch_interval: Duration,
     /// Quiet time after a change in the plugins directory before it is loaded (partial writes).
     #[arg(long, default_value = "500ms", value_parser = parse_duration)]
     pub plugins_debounce: Duration,

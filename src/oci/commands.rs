@@ -137,6 +137,7 @@ pub async fn pull_into(
     name: &str,
     grant: Option<&Grant>,
     module_limit: u64,
+    install_grant: bool,
 ) -> Result<Pulled, OciError> {
     install::check_name(name)?;
     let pulled = registry.manifest(reference).await?;
@@ -171,7 +172,8 @@ pub async fn pull_into(
         let json = serde_json::to_vec(evidence).expect("evidence serializes");
         install::write_atomic(dir, &super::cosign::evidence_file(name), &json)?;
     }
-    install::install(dir, name, &module, grant.map(|g| g.bytes.as_slice()))?;
+    let grant_bytes = grant.filter(|_| install_grant).map(|g| g.bytes.as_slice());
+    install::install(dir, name, &module, grant_bytes)?;
     Ok(Pulled {
         manifest: pulled.digest,
         module: digest,
@@ -191,6 +193,7 @@ pub async fn pull(args: PullArgs) -> Result<String, OciError> {
         &args.name,
         grant.as_ref(),
         mib(args.registry.max_module_mib),
+        true,
     )
     .await?;
     let mut out = String::new();

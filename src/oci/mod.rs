@@ -18,6 +18,7 @@ pub mod auth;
 pub mod commands;
 pub mod cosign;
 pub mod digest;
+pub mod fetch;
 pub mod install;
 pub mod reference;
 pub mod registry;
