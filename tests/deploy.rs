@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    Namespace, PersistentVolumeClaim, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::StorageClass;
 use serde::Deserialize;
@@ -69,6 +71,7 @@ fn check_typed(path: &Path, kind: &str, value: serde_yaml::Value) {
         "Deployment" => strict::<Deployment>(path, value),
         "DaemonSet" => strict::<DaemonSet>(path, value),
         "Service" => strict::<Service>(path, value),
+        "Secret" => strict::<Secret>(path, value),
         "StorageClass" => strict::<StorageClass>(path, value),
         "PersistentVolumeClaim" => strict::<PersistentVolumeClaim>(path, value),
         other => panic!("{}: unexpected kind {other:?}", path.display()),
@@ -476,4 +479,64 @@ fn the_readme_is_short_and_links_every_doc() {
             );
         }
     }
+}
+
+/// `deploy/registry/`: the init container runs `pull` with flags `pull --help` has, in the
+/// provisioner's image, reading the credentials from the image-pull Secret the overlay mounts.
+#[test]
+fn the_registry_overlay_pulls_with_real_flags_and_mounts_its_secret() {
+    let dir = deploy().join("registry");
+    let k: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
+            .unwrap();
+    let resources: Vec<&str> = k["resources"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    assert_eq!(resources, ["../", "registry-credentials.yaml"]);
+    let patch: serde_yaml::Value =
+        serde_yaml::from_str(k["patches"][0]["patch"].as_str().unwrap()).unwrap();
+    let container: k8s_openapi::api::core::v1::Container =
+        serde_yaml::from_value(patch[0]["value"].clone()).unwrap();
+    assert_eq!(container.image.as_deref(), Some("wasm-provisioner:0.1.0"));
+    let args = container.args.unwrap();
+    assert_eq!(args[0], "pull");
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_wasm-provisioner"))
+        .args(["pull", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in args.iter().filter(|a| a.starts_with("--")) {
+        let name = flag.split('=').next().unwrap();
+        assert!(help.contains(name), "`pull --help` lacks {name}");
+    }
+    let config = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--registry-config="))
+        .expect("--registry-config");
+    let mounts = container.volume_mounts.unwrap();
+    let mount = mounts
+        .iter()
+        .find(|m| config.starts_with(&format!("{}/", m.mount_path)))
+        .expect("the config file is on a mount");
+    let volume: k8s_openapi::api::core::v1::Volume =
+        serde_yaml::from_value(patch[1]["value"].clone()).unwrap();
+    assert_eq!(volume.name, mount.name);
+    let (kind, secret) = documents(&dir.join("registry-credentials.yaml")).remove(0);
+    assert_eq!(kind, "Secret");
+    let secret: Secret = serde_yaml::from_value(secret).unwrap();
+    assert_eq!(
+        volume.secret.unwrap().secret_name,
+        secret.metadata.name.clone()
+    );
+    assert_eq!(
+        secret.type_.as_deref(),
+        Some("kubernetes.io/dockerconfigjson")
+    );
+    let key = config.rsplit('/').next().unwrap();
+    let data = secret.string_data.unwrap();
+    let json: serde_json::Value = serde_json::from_str(&data[key]).unwrap();
+    assert!(json["auths"].is_object(), "{json}");
 }
