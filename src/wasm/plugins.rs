@@ -193,9 +193,18 @@ pub(crate) fn list_dir(dir: &Path) -> Result<Listing, PluginDirError> {
     grant_files.sort();
     for grant in grant_files {
         if !grant.with_extension("wasm").exists() {
+            let source = crate::oci::install::Grant::read(&grant)
+                .ok()
+                .and_then(|g| g.module.source);
+            let reason = match source {
+                Some(source) => format!(
+                    "grant file without a module next to it yet: the provisioner fetches it from {source}"
+                ),
+                None => "grant file without a module next to it".into(),
+            };
             problems.push(PluginProblem {
                 file: grant,
-                reason: "grant file without a module next to it".into(),
+                reason,
             });
         }
     }
