@@ -687,3 +687,53 @@ fn save_and_load_round_trip_and_a_tampered_tarball_is_refused() {
     assert!(err.contains("hostpath.wasm digest mismatch"), "{err}");
     assert!(files(to.path()).is_empty(), "{:?}", files(to.path()));
 }
+
+#[test]
+fn save_can_pull_into_the_tarball_with_the_directory_s_grant() {
+    let registry = Registry::start(None);
+    let (_, layer) = push(&registry.addr, &[]);
+    let from = tempfile::tempdir().unwrap();
+    let pinned = format!(
+        "{GRANT}[module]\nsha256 = \"{}\"\n",
+        &layer["sha256:".len()..]
+    );
+    write(from.path(), "hostpath.toml", &pinned);
+    let work = tempfile::tempdir().unwrap();
+    let tarball = work.path().join("pulled.tar");
+    let pull_spec = format!("hostpath={}/guests/hostpath:v1", registry.addr);
+    let (ok, out, err) = provisioner(&[
+        "save",
+        "--plugins",
+        from.path().to_str().unwrap(),
+        "--out",
+        tarball.to_str().unwrap(),
+        "--pull",
+        &pull_spec,
+        "--plain-http",
+        &registry.addr,
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!("saved hostpath {layer} (with its grant)")),
+        "{out}"
+    );
+    // Nothing was installed into the directory the grant came from.
+    assert_eq!(files(from.path()), ["hostpath.toml"]);
+
+    let to = tempfile::tempdir().unwrap();
+    let (ok, _, err) = provisioner(&[
+        "load",
+        tarball.to_str().unwrap(),
+        "--plugins",
+        to.path().to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        std::fs::read(to.path().join("hostpath.wasm")).unwrap(),
+        component()
+    );
+    assert_eq!(
+        std::fs::read_to_string(to.path().join("hostpath.toml")).unwrap(),
+        pinned
+    );
+}

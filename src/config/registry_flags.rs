@@ -66,8 +66,16 @@ pub struct SaveArgs {
     /// The tarball to write.
     #[arg(long, value_name = "FILE.tar")]
     pub out: PathBuf,
-    /// Plugins to save (NAME of NAME.wasm); all of the directory's when none.
+    /// Plugins to save (NAME of NAME.wasm); all of the directory's when neither these nor
+    /// --pull are given.
     pub names: Vec<String>,
+    /// Also pull NAME=REFERENCE from a registry into the tarball (repeatable), beside the
+    /// directory's NAME.toml if it has one (its `[module] sha256` pin checked).
+    #[arg(long = "pull", value_name = "NAME=REFERENCE")]
+    pub pulls: Vec<String>,
+    /// How --pull reaches registries.
+    #[command(flatten)]
+    pub registry: RegistryArgs,
 }
 
 /// `wasm-provisioner load`.
