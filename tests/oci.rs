@@ -167,7 +167,17 @@ fn the_pushed_manifest_is_the_wasm_oci_format() {
     assert_eq!(config["os"], "wasip2");
     assert_eq!(config["layerDigests"], serde_json::json!([layer]));
     assert!(config["created"].as_str().unwrap().starts_with("20"));
-    assert!(config["component"]["imports"].is_array());
+    // The component's own imports and exports, as wkg lists them.
+    let names = |key: &str| -> Vec<String> {
+        serde_json::from_value(config["component"][key].clone()).unwrap()
+    };
+    assert!(
+        names("exports")
+            .iter()
+            .any(|e| e.starts_with("wasm-provisioner:provisioner/")),
+        "{config}"
+    );
+    assert!(!names("imports").is_empty(), "{config}");
 }
 
 #[test]
