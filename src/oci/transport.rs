@@ -242,8 +242,8 @@ impl Transport {
                 Ok(response) => response.status.is_server_error(),
                 Err(error) => error.is_transient(),
             };
-            let delay = self.options.backoff * 2u32.saturating_pow(attempt - 1);
-            if retry && attempt <= self.options.retries && Instant::now() + delay < deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Some(delay) = retry_delay(&self.options, attempt, left).filter(|_| retry) {
                 tracing::debug!(url = %request.url, attempt, ?delay, "registry request retried");
                 tokio::time::sleep(delay).await;
                 continue;
@@ -377,6 +377,15 @@ impl Transport {
     }
 }
 
+/// The wait after failed attempt `attempt` (from 1) before the next: `backoff`, doubling each
+/// time; none once the retries are spent or when the wait would outlast the deadline (`left`).
+fn retry_delay(options: &TransportOptions, attempt: u32, left: Duration) -> Option<Duration> {
+    let delay = options
+        .backoff
+        .checked_mul(2u32.checked_pow(attempt.checked_sub(1)?)?)?;
+    (attempt <= options.retries && delay < left).then_some(delay)
+}
+
 /// Whether rustls refused the connection somewhere down `error`'s chain.
 fn is_tls_failure(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut next = Some(error);
@@ -453,6 +462,21 @@ mod tests {
         assert!(transport.check_url("ftp://r.example/v2/").is_err());
         assert_eq!(transport.scheme_for("127.0.0.1:5000"), "http");
         assert_eq!(transport.scheme_for("r.example"), "https");
+    }
+
+    #[test]
+    fn retries_back_off_exponentially_within_the_count_and_the_deadline() {
+        let options = TransportOptions::default();
+        let minute = Duration::from_secs(60);
+        let delays: Vec<_> = (1..=6).map(|a| retry_delay(&options, a, minute)).collect();
+        let ms = |m| Some(Duration::from_millis(m));
+        assert_eq!(delays, [ms(200), ms(400), ms(800), ms(1600), None, None]);
+        // A wait that would end past the deadline is not started.
+        assert_eq!(retry_delay(&options, 3, Duration::from_millis(800)), None);
+        assert_eq!(
+            retry_delay(&options, 3, Duration::from_millis(801)),
+            ms(800)
+        );
     }
 
     #[test]
