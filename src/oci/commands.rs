@@ -131,7 +131,6 @@ pub async fn fetch_module(
     registry: &mut Registry,
     reference: &Reference,
     grant: Option<&Grant>,
-    module_limit: u64,
 ) -> Result<(Pulled, Bytes), OciError> {
     let pulled = registry.manifest(reference).await?;
     let layer = artifact::wasm_layer(&pulled.manifest).map_err(RegistryError::from)?;
@@ -139,7 +138,7 @@ pub async fn fetch_module(
     if let Some(grant) = grant {
         grant.check(&declared)?;
     }
-    let module = registry.blob(reference, layer, module_limit).await?;
+    let module = registry.blob(reference, layer).await?;
     // The blob was checked against `declared`; the pin is checked on the bytes themselves too.
     let digest = Digest::of(&module);
     if let Some(grant) = grant {
@@ -160,10 +159,10 @@ pub async fn pull_into(
     dir: &std::path::Path,
     name: &str,
     grant: Option<&Grant>,
-    module_limit: u64,
 ) -> Result<Pulled, OciError> {
     install::check_name(name)?;
-    let (pulled, module) = fetch_module(registry, reference, grant, module_limit).await?;
+    let (pulled, module) = fetch_module(registry, reference, grant).await?;
+    // Blocking file writes on the runtime: a command-line run, nothing else is waiting on it.
     install::install(dir, name, &module, grant.map(|g| g.bytes.as_slice()))?;
     Ok(pulled)
 }
@@ -180,7 +179,6 @@ pub async fn pull(args: PullArgs) -> Result<String, OciError> {
         &args.plugins,
         &args.name,
         grant.as_ref(),
-        mib(args.registry.max_module_mib),
     )
     .await?;
     let mut out = String::new();
@@ -220,9 +218,7 @@ pub async fn save(args: SaveArgs) -> Result<String, OciError> {
             } else {
                 None
             };
-            let limit = mib(args.registry.max_module_mib);
-            let (_, module) =
-                fetch_module(&mut registry, &reference, grant.as_ref(), limit).await?;
+            let (_, module) = fetch_module(&mut registry, &reference, grant.as_ref()).await?;
             pulled.push((name.to_string(), module.to_vec()));
         }
     }
