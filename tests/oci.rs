@@ -131,19 +131,13 @@ fn push_then_pull_by_tag_and_by_digest_round_trips_the_bytes() {
 fn the_pushed_manifest_is_the_wasm_oci_format() {
     let registry = Registry::start(None);
     let (manifest_digest, layer) = push(&registry.addr, &[]);
-    let url = |path: &str| format!("http://{}/v2/guests/hostpath/{path}", registry.addr);
-    let get = |url: String| {
-        let out = std::process::Command::new("curl")
-            .args([
-                "-sf",
-                "-H",
-                "Accept: application/vnd.oci.image.manifest.v1+json",
-                &url,
-            ])
-            .output()
-            .expect("curl");
-        assert!(out.status.success(), "GET {url}");
-        out.stdout
+    let url = |path: &str| format!("/v2/guests/hostpath/{path}");
+    let get = |path: String| {
+        http_get(
+            &registry.addr,
+            &path,
+            "application/vnd.oci.image.manifest.v1+json",
+        )
     };
     let manifest_bytes = get(url("manifests/v1"));
     assert_eq!(Digest::of(&manifest_bytes).to_string(), manifest_digest);
