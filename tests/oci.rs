@@ -577,7 +577,9 @@ fn https_with_a_custom_ca() {
     let (ok, _, err) = pull(&reference, empty.path(), &[], &[]);
     assert!(!ok);
     assert!(
-        err.contains("UnknownIssuer") && err.contains("after 1 attempt(s)"),
+        err.contains("UnknownIssuer")
+            && err.contains("after 1 attempt(s)")
+            && err.contains("--ca-file"),
         "{err}"
     );
     assert!(files(empty.path()).is_empty());
@@ -601,6 +603,7 @@ fn plain_http_is_refused_unless_named() {
         err.contains("after 1 attempt(s)"),
         "a TLS failure is not retried: {err}"
     );
+    assert!(err.contains("needs --plain-http HOST:PORT"), "{err}");
     assert!(files(plugins.path()).is_empty());
 }
 

@@ -53,11 +53,13 @@ pub enum TransportError {
     Timeout { url: String, after: Duration },
     #[error("{url}: the registry sent nothing for {after:?}")]
     Stalled { url: String, after: Duration },
-    #[error("{method} {url} failed after {attempts} attempt(s)")]
+    #[error("{method} {url} failed after {attempts} attempt(s){hint}")]
     Connect {
         method: Method,
         url: String,
         attempts: u32,
+        /// What to try, when TLS failed.
+        hint: &'static str,
         #[source]
         source: hyper_util::client::legacy::Error,
     },
@@ -265,6 +267,12 @@ impl Transport {
                     method,
                     url,
                     attempts: attempt,
+                    hint: if is_tls_failure(&source) {
+                        " (TLS failed: a registry without TLS needs --plain-http HOST:PORT, one \
+                         with a private CA --ca-file)"
+                    } else {
+                        ""
+                    },
                     source,
                 }),
                 other => other,
@@ -302,6 +310,7 @@ impl Transport {
                 method: request.method.clone(),
                 url: request.url.clone(),
                 attempts: 1,
+                hint: "",
                 source,
             })?;
         let (parts, mut body) = answer.into_parts();
