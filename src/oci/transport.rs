@@ -61,7 +61,7 @@ pub enum TransportError {
         /// What to try, when TLS failed.
         hint: &'static str,
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: Box<hyper_util::client::legacy::Error>,
     },
     #[error("{url}: the connection broke while reading the answer")]
     Body {
@@ -311,7 +311,7 @@ impl Transport {
                 url: request.url.clone(),
                 attempts: 1,
                 hint: "",
-                source,
+                source: Box::new(source),
             })?;
         let (parts, mut body) = answer.into_parts();
         let success = parts.status.is_success();
