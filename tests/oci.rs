@@ -586,7 +586,7 @@ fn https_with_a_custom_ca() {
 }
 
 #[test]
-fn plain_http_is_refused_unless_named() {
+fn without_plain_http_the_client_speaks_tls_once_and_says_what_to_try() {
     let registry = Registry::start(None);
     push(&registry.addr, &[]);
     let plugins = tempfile::tempdir().unwrap();
