@@ -24,8 +24,16 @@ pub struct RegistryArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub max_module_mib: u64,
     /// Deadline of each registry request, its retries and its whole body included.
-    #[arg(long, default_value = "60s", value_parser = super::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = parse_deadline)]
     pub request_timeout: Duration,
+}
+
+/// A duration a request can finish in: not zero.
+fn parse_deadline(text: &str) -> Result<Duration, String> {
+    match super::parse_duration(text)? {
+        Duration::ZERO => Err("a request deadline of 0 lets no request finish".into()),
+        deadline => Ok(deadline),
+    }
 }
 
 /// `wasm-provisioner push`.
