@@ -69,7 +69,7 @@ async fn run_command() -> std::process::ExitCode {
         Command::ForgetStorage(args) => forget(args).await,
         Command::Push(args) => oci::push(args).await.map_err(Into::into),
         Command::Pull(args) => oci::pull(args).await.map_err(Into::into),
-        Command::Save(args) => oci::save(args).map_err(Into::into),
+        Command::Save(args) => oci::save(args).await.map_err(Into::into),
         Command::Load(args) => oci::load(args).map_err(Into::into),
         Command::CompileGuest {
             memory_mib,

@@ -109,8 +109,7 @@ fn start_fetcher(args: &RunArgs) -> anyhow::Result<()> {
                     return;
                 }
             };
-            let limit = registry_args.max_module_mib.saturating_mul(1024 * 1024);
-            let fetcher = crate::oci::fetch::Fetcher::new(dir.clone(), registry, limit);
+            let fetcher = crate::oci::fetch::Fetcher::new(dir.clone(), registry);
             match tokio::spawn(fetcher.run(every)).await {
                 Ok(()) => return,
                 Err(error) => {

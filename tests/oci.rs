@@ -131,19 +131,13 @@ fn push_then_pull_by_tag_and_by_digest_round_trips_the_bytes() {
 fn the_pushed_manifest_is_the_wasm_oci_format() {
     let registry = Registry::start(None);
     let (manifest_digest, layer) = push(&registry.addr, &[]);
-    let url = |path: &str| format!("http://{}/v2/guests/hostpath/{path}", registry.addr);
-    let get = |url: String| {
-        let out = std::process::Command::new("curl")
-            .args([
-                "-sf",
-                "-H",
-                "Accept: application/vnd.oci.image.manifest.v1+json",
-                &url,
-            ])
-            .output()
-            .expect("curl");
-        assert!(out.status.success(), "GET {url}");
-        out.stdout
+    let url = |path: &str| format!("/v2/guests/hostpath/{path}");
+    let get = |path: String| {
+        http_get(
+            &registry.addr,
+            &path,
+            "application/vnd.oci.image.manifest.v1+json",
+        )
     };
     let manifest_bytes = get(url("manifests/v1"));
     assert_eq!(Digest::of(&manifest_bytes).to_string(), manifest_digest);
@@ -167,7 +161,17 @@ fn the_pushed_manifest_is_the_wasm_oci_format() {
     assert_eq!(config["os"], "wasip2");
     assert_eq!(config["layerDigests"], serde_json::json!([layer]));
     assert!(config["created"].as_str().unwrap().starts_with("20"));
-    assert!(config["component"]["imports"].is_array());
+    // The component's own imports and exports, as wkg lists them.
+    let names = |key: &str| -> Vec<String> {
+        serde_json::from_value(config["component"][key].clone()).unwrap()
+    };
+    assert!(
+        names("exports")
+            .iter()
+            .any(|e| e.starts_with("wasm-provisioner:provisioner/")),
+        "{config}"
+    );
+    assert!(!names("imports").is_empty(), "{config}");
 }
 
 #[test]
@@ -573,14 +577,16 @@ fn https_with_a_custom_ca() {
     let (ok, _, err) = pull(&reference, empty.path(), &[], &[]);
     assert!(!ok);
     assert!(
-        err.contains("UnknownIssuer") && err.contains("after 1 attempt(s)"),
+        err.contains("UnknownIssuer")
+            && err.contains("after 1 attempt(s)")
+            && err.contains("--ca-file"),
         "{err}"
     );
     assert!(files(empty.path()).is_empty());
 }
 
 #[test]
-fn plain_http_is_refused_unless_named() {
+fn without_plain_http_the_client_speaks_tls_once_and_says_what_to_try() {
     let registry = Registry::start(None);
     push(&registry.addr, &[]);
     let plugins = tempfile::tempdir().unwrap();
@@ -597,6 +603,7 @@ fn plain_http_is_refused_unless_named() {
         err.contains("after 1 attempt(s)"),
         "a TLS failure is not retried: {err}"
     );
+    assert!(err.contains("needs --plain-http HOST:PORT"), "{err}");
     assert!(files(plugins.path()).is_empty());
 }
 
@@ -686,4 +693,54 @@ fn save_and_load_round_trip_and_a_tampered_tarball_is_refused() {
     assert!(!ok);
     assert!(err.contains("hostpath.wasm digest mismatch"), "{err}");
     assert!(files(to.path()).is_empty(), "{:?}", files(to.path()));
+}
+
+#[test]
+fn save_can_pull_into_the_tarball_with_the_directory_s_grant() {
+    let registry = Registry::start(None);
+    let (_, layer) = push(&registry.addr, &[]);
+    let from = tempfile::tempdir().unwrap();
+    let pinned = format!(
+        "{GRANT}[module]\nsha256 = \"{}\"\n",
+        &layer["sha256:".len()..]
+    );
+    write(from.path(), "hostpath.toml", &pinned);
+    let work = tempfile::tempdir().unwrap();
+    let tarball = work.path().join("pulled.tar");
+    let pull_spec = format!("hostpath={}/guests/hostpath:v1", registry.addr);
+    let (ok, out, err) = provisioner(&[
+        "save",
+        "--plugins",
+        from.path().to_str().unwrap(),
+        "--out",
+        tarball.to_str().unwrap(),
+        "--pull",
+        &pull_spec,
+        "--plain-http",
+        &registry.addr,
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!("saved hostpath {layer} (with its grant)")),
+        "{out}"
+    );
+    // Nothing was installed into the directory the grant came from.
+    assert_eq!(files(from.path()), ["hostpath.toml"]);
+
+    let to = tempfile::tempdir().unwrap();
+    let (ok, _, err) = provisioner(&[
+        "load",
+        tarball.to_str().unwrap(),
+        "--plugins",
+        to.path().to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        std::fs::read(to.path().join("hostpath.wasm")).unwrap(),
+        component()
+    );
+    assert_eq!(
+        std::fs::read_to_string(to.path().join("hostpath.toml")).unwrap(),
+        pinned
+    );
 }

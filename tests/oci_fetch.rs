@@ -44,7 +44,7 @@ fn fetcher(dir: &Path, plain_http: &[&str]) -> Fetcher {
         request_timeout: Duration::from_secs(5),
     })
     .unwrap();
-    Fetcher::new(dir.to_owned(), registry, 64 << 20)
+    Fetcher::new(dir.to_owned(), registry)
 }
 
 fn grant(storage: &Path, module: &str) -> String {

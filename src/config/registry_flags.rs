@@ -25,8 +25,16 @@ pub struct RegistryArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub max_module_mib: u64,
     /// Deadline of each registry request, its retries and its whole body included.
-    #[arg(long, default_value = "60s", value_parser = super::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = parse_deadline)]
     pub request_timeout: Duration,
+}
+
+/// A duration a request can finish in: not zero.
+fn parse_deadline(text: &str) -> Result<Duration, String> {
+    match super::parse_duration(text)? {
+        Duration::ZERO => Err("a request deadline of 0 lets no request finish".into()),
+        deadline => Ok(deadline),
+    }
 }
 
 /// `wasm-provisioner push`.
@@ -67,8 +75,16 @@ pub struct SaveArgs {
     /// The tarball to write.
     #[arg(long, value_name = "FILE.tar")]
     pub out: PathBuf,
-    /// Plugins to save (NAME of NAME.wasm); all of the directory's when none.
+    /// Plugins to save (NAME of NAME.wasm); all of the directory's when neither these nor
+    /// --pull are given.
     pub names: Vec<String>,
+    /// Also pull NAME=REFERENCE from a registry into the tarball (repeatable), beside the
+    /// directory's NAME.toml if it has one (its `[module] sha256` pin checked).
+    #[arg(long = "pull", value_name = "NAME=REFERENCE")]
+    pub pulls: Vec<String>,
+    /// How --pull reaches registries.
+    #[command(flatten)]
+    pub registry: RegistryArgs,
 }
 
 /// `wasm-provisioner load`.

@@ -87,33 +87,53 @@ pub struct Plugin {
     pub grant: bool,
 }
 
-/// Packs the plugins `names` (all of `dir`'s when empty) into the tarball `out`, written
-/// atomically.
-pub fn save(dir: &Path, names: &[String], out: &Path) -> Result<Vec<Plugin>, ArchiveError> {
-    let names = if names.is_empty() {
+/// Packs the plugins `names` of `dir` and the `pulled` modules (name, bytes; with `dir`'s
+/// grant of that name, if any) into the tarball `out`, written atomically. With neither names
+/// nor pulled modules, every plugin of `dir`. A grant's `[module] sha256` pin is checked here as
+/// `load` will.
+pub fn save(
+    dir: &Path,
+    names: &[String],
+    pulled: &[(String, Vec<u8>)],
+    out: &Path,
+) -> Result<Vec<Plugin>, ArchiveError> {
+    let names = if names.is_empty() && pulled.is_empty() {
         plugin_names(dir)?
     } else {
         names.to_vec()
     };
-    if names.is_empty() {
+    if names.is_empty() && pulled.is_empty() {
         return Err(ArchiveError::Empty {
             dir: dir.to_owned(),
         });
     }
     let read =
         |path: PathBuf| std::fs::read(&path).map_err(|source| ArchiveError::Read { path, source });
+    let mut modules = Vec::new();
+    for name in names {
+        install::check_name(&name)?;
+        let module = read(dir.join(format!("{name}.wasm")))?;
+        modules.push((name, module));
+    }
+    modules.extend(pulled.iter().cloned());
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
     let mut index = Index {
         format: FORMAT,
         modules: Vec::new(),
     };
-    let mut plugins = Vec::new();
-    for name in names {
+    let mut plugins: Vec<Plugin> = Vec::new();
+    for (name, module) in modules {
         install::check_name(&name)?;
-        let module = read(dir.join(format!("{name}.wasm")))?;
+        if plugins.iter().any(|p| p.name == name) {
+            return Err(ArchiveError::Entry {
+                path: out.to_owned(),
+                name,
+                reason: "named twice".into(),
+            });
+        }
         let grant_path = dir.join(format!("{name}.toml"));
         let grant = if grant_path.exists() {
-            Some(read(grant_path)?)
+            Some(Grant::read(&grant_path)?)
         } else {
             None
         };
@@ -124,6 +144,10 @@ pub fn save(dir: &Path, names: &[String], out: &Path) -> Result<Vec<Plugin>, Arc
             None
         };
         let digest = Digest::of(&module);
+        if let Some(grant) = &grant {
+            grant.check(&digest)?;
+        }
+        let grant = grant.map(|g| g.bytes);
         index.modules.push(IndexEntry {
             name: name.clone(),
             sha256: digest.hex().to_string(),
@@ -413,7 +437,7 @@ mod tests {
         std::fs::write(from.path().join("g.toml"), b"[dirs]\n").unwrap();
         std::fs::write(from.path().join(".hidden.wasm"), b"skip").unwrap();
         let out = from.path().join("plugins.tar");
-        let saved = save(from.path(), &[], &out).unwrap();
+        let saved = save(from.path(), &[], &[], &out).unwrap();
         assert_eq!(saved.len(), 1);
         let to = tempfile::tempdir().unwrap();
         let loaded = load(&out, to.path(), 1 << 20).unwrap();

@@ -76,14 +76,53 @@ pub struct WasmConfig {
     pub component: Option<ComponentInfo>,
 }
 
-/// What the component imports and exports (left empty: listing them means decoding the
-/// component's types, which the host does when it loads it).
+/// What the component imports and exports, by name (`wasi:cli/environment@0.2.0`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ComponentInfo {
     pub exports: Vec<String>,
     pub imports: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
+}
+
+/// The top-level imports and exports of a component; empty lists for bytes that are not one
+/// (the host, not push, is the judge of what it loads).
+pub fn component_info(bytes: &[u8]) -> ComponentInfo {
+    let mut info = ComponentInfo::default();
+    let mut depth = 0usize;
+    for payload in wasmparser::Parser::new(0).parse_all(bytes) {
+        let Ok(payload) = payload else {
+            return ComponentInfo::default();
+        };
+        match payload {
+            wasmparser::Payload::Version { encoding, .. } => {
+                depth += 1;
+                if depth == 1 && encoding != wasmparser::Encoding::Component {
+                    return ComponentInfo::default();
+                }
+            }
+            wasmparser::Payload::End(_) => depth = depth.saturating_sub(1),
+            // Nested components and modules have imports and exports of their own: not these.
+            wasmparser::Payload::ComponentImportSection(reader) if depth == 1 => {
+                info.imports.extend(
+                    reader
+                        .into_iter()
+                        .flatten()
+                        .map(|i| i.name.name.to_string()),
+                );
+            }
+            wasmparser::Payload::ComponentExportSection(reader) if depth == 1 => {
+                info.exports.extend(
+                    reader
+                        .into_iter()
+                        .flatten()
+                        .map(|e| e.name.name.to_string()),
+                );
+            }
+            _ => {}
+        }
+    }
+    info
 }
 
 /// Reads a manifest, refusing an index (by media type or by shape) with a clear error.
@@ -156,7 +195,7 @@ pub fn build(component: &[u8], created: String) -> Artifact {
         architecture: "wasm".into(),
         os: "wasip2".into(),
         layer_digests: vec![layer_digest.to_string()],
-        component: Some(ComponentInfo::default()),
+        component: Some(component_info(component)),
     };
     let config = serde_json::to_vec(&config).expect("a config serializes");
     let config_digest = Digest::of(&config);
@@ -206,6 +245,24 @@ mod tests {
         assert_eq!(config["os"], "wasip2");
         assert_eq!(config["layerDigests"][0], layer.digest.as_str());
         assert_eq!(config["component"]["exports"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn a_component_s_top_level_imports_and_exports_are_listed() {
+        let component = wat::parse_str(
+            r#"(component
+                (import "wasi:cli/environment@0.2.0" (instance))
+                (component $inner (import "inner-only" (instance)))
+                (core module $m)
+                (export "m" (core module $m)))"#,
+        )
+        .unwrap();
+        let info = component_info(&component);
+        assert_eq!(info.imports, ["wasi:cli/environment@0.2.0"]);
+        assert_eq!(info.exports, ["m"]);
+        let module = wat::parse_str("(module)").unwrap();
+        assert!(component_info(&module).imports.is_empty());
+        assert!(component_info(b"not wasm").exports.is_empty());
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub enum OciError {
     },
     #[error("{path} is {size} bytes, over --max-module-mib")]
     ModuleTooLarge { path: std::path::PathBuf, size: u64 },
+    #[error("--pull {spec:?}: expected NAME=REFERENCE")]
+    PullSpec { spec: String },
     #[error("push needs a tag (REGISTRY/REPOSITORY:TAG), not a digest: {reference}")]
     PushByDigest { reference: String },
     #[error("{reference}: {source}; nothing was written")]
@@ -126,20 +128,18 @@ pub async fn push(args: PushArgs) -> Result<String, OciError> {
 pub struct Pulled {
     pub manifest: Digest,
     pub module: Digest,
+    /// The verified cosign signature, when the grant names a key.
+    pub evidence: Option<super::cosign::Evidence>,
 }
 
-/// Pulls the module `reference` names into `dir` as `name` (with `grant`), checked against the
-/// grant's pin before its bytes are fetched and again after.
-pub async fn pull_into(
+/// Fetches the module `reference` names: the manifest checked against its digest, the layer's
+/// declared size and digest against the cap and the grant's pin before its bytes are fetched,
+/// the bytes against both after.
+pub async fn fetch_module(
     registry: &mut Registry,
     reference: &Reference,
-    dir: &std::path::Path,
-    name: &str,
     grant: Option<&Grant>,
-    module_limit: u64,
-    install_grant: bool,
-) -> Result<Pulled, OciError> {
-    install::check_name(name)?;
+) -> Result<(Pulled, Bytes), OciError> {
     let pulled = registry.manifest(reference).await?;
     let layer = artifact::wasm_layer(&pulled.manifest).map_err(RegistryError::from)?;
     let declared = layer.digest().map_err(RegistryError::from)?;
@@ -162,22 +162,41 @@ pub async fn pull_into(
         ),
         None => None,
     };
-    let module = registry.blob(reference, layer, module_limit).await?;
+    let module = registry.blob(reference, layer).await?;
     // The blob was checked against `declared`; the pin is checked on the bytes themselves too.
     let digest = Digest::of(&module);
     if let Some(grant) = grant {
         grant.check(&digest)?;
     }
-    if let Some(evidence) = &evidence {
+    let pulled = Pulled {
+        manifest: pulled.digest,
+        module: digest,
+        evidence,
+    };
+    Ok((pulled, module))
+}
+
+/// Pulls the module `reference` names into `dir` as `name` (with `grant`, written too when
+/// `install_grant`); nothing is written unless every check passed. A signature's evidence goes
+/// in before the module, so a signed guest's module is never there without it.
+pub async fn pull_into(
+    registry: &mut Registry,
+    reference: &Reference,
+    dir: &std::path::Path,
+    name: &str,
+    grant: Option<&Grant>,
+    install_grant: bool,
+) -> Result<Pulled, OciError> {
+    install::check_name(name)?;
+    let (pulled, module) = fetch_module(registry, reference, grant).await?;
+    // Small blocking writes: a command-line run, or the fetcher's own task.
+    if let Some(evidence) = &pulled.evidence {
         let json = serde_json::to_vec(evidence).expect("evidence serializes");
         install::write_atomic(dir, &super::cosign::evidence_file(name), &json)?;
     }
     let grant_bytes = grant.filter(|_| install_grant).map(|g| g.bytes.as_slice());
     install::install(dir, name, &module, grant_bytes)?;
-    Ok(Pulled {
-        manifest: pulled.digest,
-        module: digest,
-    })
+    Ok(pulled)
 }
 
 /// `pull`: prints the digests and the `sha256 = "..."` line for the grant's `[module]` table.
@@ -192,7 +211,6 @@ pub async fn pull(args: PullArgs) -> Result<String, OciError> {
         &args.plugins,
         &args.name,
         grant.as_ref(),
-        mib(args.registry.max_module_mib),
         true,
     )
     .await?;
@@ -216,9 +234,28 @@ pub async fn pull(args: PullArgs) -> Result<String, OciError> {
     Ok(out)
 }
 
-/// `save`: one line per plugin saved.
-pub fn save(args: SaveArgs) -> Result<String, OciError> {
-    let plugins = archive::save(&args.plugins, &args.names, &args.out)?;
+/// `save`: pulls what --pull names, then packs; one line per plugin saved.
+pub async fn save(args: SaveArgs) -> Result<String, OciError> {
+    let mut pulled = Vec::new();
+    if !args.pulls.is_empty() {
+        let mut registry = registry(&args.registry)?;
+        for spec in &args.pulls {
+            let (name, reference) = spec
+                .split_once('=')
+                .ok_or_else(|| OciError::PullSpec { spec: spec.clone() })?;
+            install::check_name(name)?;
+            let reference = Reference::parse(reference)?;
+            let grant_path = args.plugins.join(format!("{name}.toml"));
+            let grant = if grant_path.exists() {
+                Some(Grant::read(&grant_path)?)
+            } else {
+                None
+            };
+            let (_, module) = fetch_module(&mut registry, &reference, grant.as_ref()).await?;
+            pulled.push((name.to_string(), module.to_vec()));
+        }
+    }
+    let plugins = archive::save(&args.plugins, &args.names, &pulled, &args.out)?;
     let mut out = String::new();
     for plugin in plugins {
         let grant = if plugin.grant {

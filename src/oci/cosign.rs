@@ -223,7 +223,11 @@ pub async fn fetch(
         else {
             continue;
         };
-        let payload = registry.blob(&signatures, layer, MAX_PAYLOAD_BYTES).await?;
+        // A payload is a few hundred bytes: a larger one is not fetched at all.
+        if layer.size > MAX_PAYLOAD_BYTES {
+            continue;
+        }
+        let payload = registry.blob(&signatures, layer).await?;
         let Ok(payload) = String::from_utf8(payload.to_vec()) else {
             continue;
         };

@@ -76,7 +76,6 @@ fn source_marker(name: &str) -> String {
 pub struct Fetcher {
     dir: PathBuf,
     registry: Registry,
-    module_limit: u64,
     /// Per guest and source: when it may be tried again, and the wait after its next failure
     /// (a grant that names another source starts afresh).
     backoff: BTreeMap<String, (Instant, Duration)>,
@@ -92,12 +91,11 @@ pub enum Outcome {
 }
 
 impl Fetcher {
-    /// A fetcher for `dir` using `registry`, modules at most `module_limit` bytes.
-    pub fn new(dir: PathBuf, registry: Registry, module_limit: u64) -> Fetcher {
+    /// A fetcher for `dir` using `registry` (and its size caps).
+    pub fn new(dir: PathBuf, registry: Registry) -> Fetcher {
         Fetcher {
             dir,
             registry,
-            module_limit,
             backoff: BTreeMap::new(),
         }
     }
@@ -201,7 +199,6 @@ impl Fetcher {
             &self.dir,
             &wanted.name,
             Some(&wanted.grant),
-            self.module_limit,
             // The grant is the operator's file in place: never rewritten by a fetch.
             false,
         )

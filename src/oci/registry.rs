@@ -158,14 +158,14 @@ impl Registry {
         })
     }
 
-    /// The blob `descriptor` names: its declared size is checked against `limit` before a byte
-    /// is fetched, the body is cut off past that size, and its digest is checked.
+    /// The module blob `descriptor` names: its declared size is checked against the module cap
+    /// before a byte is fetched, the body is cut off past that size, and its digest is checked.
     pub async fn blob(
         &mut self,
         reference: &Reference,
         descriptor: &Descriptor,
-        limit: u64,
     ) -> Result<Bytes, RegistryError> {
+        let limit = self.limits.module;
         let digest = descriptor.digest()?;
         let what = format!("blob {digest}");
         if descriptor.size > limit {

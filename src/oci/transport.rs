@@ -53,13 +53,15 @@ pub enum TransportError {
     Timeout { url: String, after: Duration },
     #[error("{url}: the registry sent nothing for {after:?}")]
     Stalled { url: String, after: Duration },
-    #[error("{method} {url} failed after {attempts} attempt(s)")]
+    #[error("{method} {url} failed after {attempts} attempt(s){hint}")]
     Connect {
         method: Method,
         url: String,
         attempts: u32,
+        /// What to try, when TLS failed.
+        hint: &'static str,
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: Box<hyper_util::client::legacy::Error>,
     },
     #[error("{url}: the connection broke while reading the answer")]
     Body {
@@ -242,8 +244,8 @@ impl Transport {
                 Ok(response) => response.status.is_server_error(),
                 Err(error) => error.is_transient(),
             };
-            let delay = self.options.backoff * 2u32.saturating_pow(attempt - 1);
-            if retry && attempt <= self.options.retries && Instant::now() + delay < deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Some(delay) = retry_delay(&self.options, attempt, left).filter(|_| retry) {
                 tracing::debug!(url = %request.url, attempt, ?delay, "registry request retried");
                 tokio::time::sleep(delay).await;
                 continue;
@@ -265,6 +267,12 @@ impl Transport {
                     method,
                     url,
                     attempts: attempt,
+                    hint: if is_tls_failure(&source) {
+                        " (TLS failed: a registry without TLS needs --plain-http HOST:PORT, one \
+                         with a private CA --ca-file)"
+                    } else {
+                        ""
+                    },
                     source,
                 }),
                 other => other,
@@ -302,7 +310,8 @@ impl Transport {
                 method: request.method.clone(),
                 url: request.url.clone(),
                 attempts: 1,
-                source,
+                hint: "",
+                source: Box::new(source),
             })?;
         let (parts, mut body) = answer.into_parts();
         let success = parts.status.is_success();
@@ -375,6 +384,15 @@ impl Transport {
             _ => Err(bad()),
         }
     }
+}
+
+/// The wait after failed attempt `attempt` (from 1) before the next: `backoff`, doubling each
+/// time; none once the retries are spent or when the wait would outlast the deadline (`left`).
+fn retry_delay(options: &TransportOptions, attempt: u32, left: Duration) -> Option<Duration> {
+    let delay = options
+        .backoff
+        .checked_mul(2u32.checked_pow(attempt.checked_sub(1)?)?)?;
+    (attempt <= options.retries && delay < left).then_some(delay)
 }
 
 /// Whether rustls refused the connection somewhere down `error`'s chain.
@@ -453,6 +471,21 @@ mod tests {
         assert!(transport.check_url("ftp://r.example/v2/").is_err());
         assert_eq!(transport.scheme_for("127.0.0.1:5000"), "http");
         assert_eq!(transport.scheme_for("r.example"), "https");
+    }
+
+    #[test]
+    fn retries_back_off_exponentially_within_the_count_and_the_deadline() {
+        let options = TransportOptions::default();
+        let minute = Duration::from_secs(60);
+        let delays: Vec<_> = (1..=6).map(|a| retry_delay(&options, a, minute)).collect();
+        let ms = |m| Some(Duration::from_millis(m));
+        assert_eq!(delays, [ms(200), ms(400), ms(800), ms(1600), None, None]);
+        // A wait that would end past the deadline is not started.
+        assert_eq!(retry_delay(&options, 3, Duration::from_millis(800)), None);
+        assert_eq!(
+            retry_delay(&options, 3, Duration::from_millis(801)),
+            ms(800)
+        );
     }
 
     #[test]
