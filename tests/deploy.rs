@@ -540,3 +540,32 @@ fn the_registry_overlay_pulls_with_real_flags_and_mounts_its_secret() {
     let json: serde_json::Value = serde_json::from_str(&data[key]).unwrap();
     assert!(json["auths"].is_object(), "{json}");
 }
+
+/// Rust lines that are neither blank nor comments.
+fn code_lines(text: &str) -> usize {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("//"))
+        .count()
+}
+
+/// The guide's whole guest (path pattern, delete, archive-on-delete) and the template it starts
+/// from stay small: what they need belongs in the SDK.
+#[test]
+fn the_guides_guest_is_at_most_40_lines_on_the_sdk() {
+    let guide = std::fs::read_to_string(repo().join("guests/GUIDE.md")).unwrap();
+    let start = guide
+        .find("cat > src/lib.rs <<'EOF'\n")
+        .expect("the guide writes src/lib.rs");
+    let body = &guide[start..];
+    let body = &body[body.find('\n').unwrap() + 1..];
+    let guest = &body[..body.find("\nEOF\n").expect("the heredoc ends")];
+    let lines = code_lines(guest);
+    assert!(lines <= 40, "the guide's guest is {lines} lines");
+    assert!(
+        guest.contains("archive") && guest.contains("pathPattern"),
+        "{guest}"
+    );
+    let template = std::fs::read_to_string(repo().join("guests/template/src/lib.rs")).unwrap();
+    assert!(code_lines(&template) <= 40, "the template's guest");
+}
