@@ -204,9 +204,39 @@ async fn a_guest_signed_with_the_pinned_key_is_pulled_saved_loaded_and_served_an
         offline.path().to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
+
+    // `save --pull` from a directory holding only the grant (and the key): the pulled module's
+    // own signature goes into the tarball, verified against the grant's key.
+    let staging = tempfile::tempdir().unwrap();
+    write(staging.path(), "hostpath.toml", &grant_text);
+    write(staging.path(), "cosign.pub", &trusted_pub);
+    let pulled_tarball = work.path().join("pulled.tar");
+    let (ok, _, err) = provisioner(&[
+        "save",
+        "--plugins",
+        staging.path().to_str().unwrap(),
+        "--out",
+        pulled_tarball.to_str().unwrap(),
+        "--pull",
+        &format!("hostpath={reference}"),
+        "--plain-http",
+        addr,
+    ]);
+    assert!(ok, "{err}");
     drop(registry);
-    let served = wasm_provisioner::wasm::load_dir(&engine, offline.path()).unwrap();
-    assert!(served.serves("test.dev/signed"), "{:?}", served.problems);
+    let behind_the_gap = tempfile::tempdir().unwrap();
+    write(behind_the_gap.path(), "cosign.pub", &trusted_pub);
+    let (ok, _, err) = provisioner(&[
+        "load",
+        pulled_tarball.to_str().unwrap(),
+        "--plugins",
+        behind_the_gap.path().to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    for dir in [offline.path(), behind_the_gap.path()] {
+        let served = wasm_provisioner::wasm::load_dir(&engine, dir).unwrap();
+        assert!(served.serves("test.dev/signed"), "{:?}", served.problems);
+    }
 
     // Other bytes beside that evidence: refused at load.
     std::fs::copy(

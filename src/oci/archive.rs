@@ -87,14 +87,17 @@ pub struct Plugin {
     pub grant: bool,
 }
 
-/// Packs the plugins `names` of `dir` and the `pulled` modules (name, bytes; with `dir`'s
-/// grant of that name, if any) into the tarball `out`, written atomically. With neither names
+/// A module `save --pull` fetched: its name, bytes and signature evidence (JSON), if signed.
+pub type PulledModule = (String, Vec<u8>, Option<Vec<u8>>);
+
+/// Packs the plugins `names` of `dir` and the `pulled` modules (with `dir`'s grant of that name,
+/// if any, and their own signature evidence) into the tarball `out`, written atomically. With neither names
 /// nor pulled modules, every plugin of `dir`. A grant's `[module] sha256` pin is checked here as
 /// `load` will.
 pub fn save(
     dir: &Path,
     names: &[String],
-    pulled: &[(String, Vec<u8>)],
+    pulled: &[PulledModule],
     out: &Path,
 ) -> Result<Vec<Plugin>, ArchiveError> {
     let names = if names.is_empty() && pulled.is_empty() {
@@ -109,11 +112,17 @@ pub fn save(
     }
     let read =
         |path: PathBuf| std::fs::read(&path).map_err(|source| ArchiveError::Read { path, source });
-    let mut modules = Vec::new();
+    let mut modules: Vec<PulledModule> = Vec::new();
     for name in names {
         install::check_name(&name)?;
         let module = read(dir.join(format!("{name}.wasm")))?;
-        modules.push((name, module));
+        let evidence_path = dir.join(super::cosign::evidence_file(&name));
+        let evidence = if evidence_path.exists() {
+            Some(read(evidence_path)?)
+        } else {
+            None
+        };
+        modules.push((name, module, evidence));
     }
     modules.extend(pulled.iter().cloned());
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
@@ -122,7 +131,7 @@ pub fn save(
         modules: Vec::new(),
     };
     let mut plugins: Vec<Plugin> = Vec::new();
-    for (name, module) in modules {
+    for (name, module, evidence) in modules {
         install::check_name(&name)?;
         if plugins.iter().any(|p| p.name == name) {
             return Err(ArchiveError::Entry {
@@ -134,12 +143,6 @@ pub fn save(
         let grant_path = dir.join(format!("{name}.toml"));
         let grant = if grant_path.exists() {
             Some(Grant::read(&grant_path)?)
-        } else {
-            None
-        };
-        let evidence_path = dir.join(super::cosign::evidence_file(&name));
-        let evidence = if evidence_path.exists() {
-            Some(read(evidence_path)?)
         } else {
             None
         };

@@ -251,8 +251,11 @@ pub async fn save(args: SaveArgs) -> Result<String, OciError> {
             } else {
                 None
             };
-            let (_, module) = fetch_module(&mut registry, &reference, grant.as_ref()).await?;
-            pulled.push((name.to_string(), module.to_vec()));
+            let (fetched, module) = fetch_module(&mut registry, &reference, grant.as_ref()).await?;
+            let evidence = fetched
+                .evidence
+                .map(|e| serde_json::to_vec(&e).expect("evidence serializes"));
+            pulled.push((name.to_string(), module.to_vec(), evidence));
         }
     }
     let plugins = archive::save(&args.plugins, &args.names, &pulled, &args.out)?;
