@@ -275,7 +275,7 @@ impl Series {
             );
             own.register(
                 "plugin_warnings",
-                "Guests loaded despite a warning about their grant, by guest and warning (node-filesystem: a read-write directory on the filesystem of /, the kubelet or the container runtime).",
+                "Guests loaded despite a warning about their grant, by guest and warning (node-filesystem: a read-write directory on the filesystem of /, the kubelet or the container runtime; needs: the grant lacks something the module declares every claim needs).",
                 plugin_warnings.clone(),
             );
             own.register(

@@ -184,7 +184,7 @@ fn leb128_u32(bytes: &[u8]) -> Result<(u32, usize), NeedsError> {
     Err(NeedsError::Malformed("a size is cut off"))
 }
 
-/// What the grant lacks of what the module says it needs, one sentence each.
+/// What the grant lacks of what the module says it needs to serve any claim, one sentence each.
 pub fn missing(needs: &Needs, grants: &Grants) -> Vec<String> {
     let mut out = Vec::new();
     for dir in &needs.dirs {
@@ -223,12 +223,8 @@ pub fn missing(needs: &Needs, grants: &Grants) -> Vec<String> {
             ));
         }
     }
-    if needs.owners && grants.volumes.uids.is_empty() && grants.volumes.gids.is_empty() {
-        out.push(
-            "the module gives volumes an owner and volumes.uids/gids grant none (classes that ask for one fail)"
-                .into(),
-        );
-    }
+    // `owners` is not a need: without uids/gids only the classes that ask for an owner fail,
+    // which is the operator's choice (inspect and scaffold grant show it).
     out
 }
 
@@ -323,7 +319,7 @@ mod tests {
         )
         .unwrap();
         let said = missing(&needs, &bare);
-        assert_eq!(said.len(), 4, "{said:#?}");
+        assert_eq!(said.len(), 3, "{said:#?}");
         let full = Grants::parse(
             "provisioner = \"p\"\n[[dirs]]\nhost = \"/tmp\"\nguest = \"/volumes\"\naccess = \"read-write\"\n\
              [volumes]\nkinds = [\"host-path\"]\nuids = [\"1000\"]\n[config]\nnode-dir = \"/srv\"\n",

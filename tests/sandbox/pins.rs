@@ -315,3 +315,35 @@ fn a_grant_with_a_cosign_key_loads_only_modules_its_key_signed() {
     );
     assert!(reason.contains("stops serving"), "{reason}");
 }
+
+/// A grant that lacks what the module declares it needs still loads (the grant file decides),
+/// and the load says what is missing, in the log and as a counted warning.
+#[test]
+fn a_grant_lacking_a_declared_need_loads_with_a_counted_warning() {
+    let storage = tempfile::tempdir().unwrap();
+    let plugins = PluginsDir::new();
+    let lacking = dir_grant(PINNED, storage.path(), "/state", "")
+        .replace("kinds = [\"host-path\"]", "kinds = []");
+    plugins.add("lacking", "hostpath", &lacking);
+    plugins.add(
+        "granted",
+        "scripted",
+        &dir_grant(OTHER, storage.path(), "/state", ""),
+    );
+    let metrics = wasm_provisioner::metrics::Metrics::new();
+    let engine = WasmEngine::new().unwrap().with_metrics(metrics.clone());
+    let loaded = wasm_provisioner::wasm::load_dir(&engine, plugins.path()).unwrap();
+    assert_eq!(loaded.len(), 2, "{:?}", loaded.problems);
+    let exposed = metrics.encode();
+    let series: Vec<&str> = exposed
+        .lines()
+        .filter(|l| l.starts_with("wasm_provisioner_plugin_warnings_total{"))
+        .filter(|l| l.contains("warning=\"needs\""))
+        .collect();
+    // hostpath opens /volumes, which this grant does not preopen, and builds host-path volumes.
+    assert_eq!(
+        series,
+        ["wasm_provisioner_plugin_warnings_total{guest=\"lacking\",warning=\"needs\"} 2"],
+        "{exposed}"
+    );
+}
