@@ -187,19 +187,26 @@ fn leb128_u32(bytes: &[u8]) -> Result<(u32, usize), NeedsError> {
 /// What the grant lacks of what the module says it needs to serve any claim, one sentence each.
 pub fn missing(needs: &Needs, grants: &Grants) -> Vec<String> {
     let mut out = Vec::new();
+    let config: serde_json::Value =
+        serde_json::from_str(&grants.config_json).unwrap_or(serde_json::Value::Null);
     for dir in &needs.dirs {
-        let granted = grants.dirs.iter().find(|d| d.guest == dir.guest);
+        // A directory a config key places (its example is the declared path, as the SDK
+        // declares `guest-dir`) is wherever the grant's config puts it.
+        let path = needs
+            .config
+            .iter()
+            .filter(|key| key.example.as_deref() == Some(dir.guest.as_str()))
+            .find_map(|key| config.get(&key.key)?.as_str())
+            .unwrap_or(&dir.guest);
+        let granted = grants.dirs.iter().find(|d| d.guest == path);
         match granted {
             None => out.push(format!(
-                "the module opens {} ({}) and the grant has no [[dirs]] with guest = {:?}",
-                dir.guest,
+                "the module opens {path} ({}) and the grant has no [[dirs]] with guest = {path:?}",
                 access_name(dir.access),
-                dir.guest
             )),
             Some(d) if dir.access == DirAccess::ReadWrite && d.access == DirAccess::ReadOnly => out
                 .push(format!(
-                    "the module writes in {} and the grant gives it read-only",
-                    dir.guest
+                    "the module writes in {path} and the grant gives it read-only"
                 )),
             Some(_) => {}
         }
@@ -213,8 +220,6 @@ pub fn missing(needs: &Needs, grants: &Grants) -> Vec<String> {
             ));
         }
     }
-    let config: serde_json::Value =
-        serde_json::from_str(&grants.config_json).unwrap_or(serde_json::Value::Null);
     for key in needs.config.iter().filter(|c| c.required) {
         if config.get(&key.key).is_none() {
             out.push(format!(
@@ -327,5 +332,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(missing(&needs, &full), Vec::<String>::new());
+        // The directory placed elsewhere by the config key whose example is its path.
+        let placed: Needs = serde_json::from_str(
+            r#"{"needs": 1, "dirs": [{"guest": "/volumes", "access": "read-write"}],
+                "config": [{"key": "guest-dir", "example": "/volumes"}]}"#,
+        )
+        .unwrap();
+        let elsewhere = Grants::parse(
+            "provisioner = \"p\"\n[[dirs]]\nhost = \"/tmp\"\nguest = \"/state\"\naccess = \"read-write\"\n\
+             [config]\nguest-dir = \"/state\"\n",
+            Path::new("/"),
+        )
+        .unwrap();
+        assert_eq!(missing(&placed, &elsewhere), Vec::<String>::new());
+        let unplaced = Grants::parse(
+            "provisioner = \"p\"\n[[dirs]]\nhost = \"/tmp\"\nguest = \"/state\"\naccess = \"read-write\"\n",
+            Path::new("/"),
+        )
+        .unwrap();
+        assert_eq!(missing(&placed, &unplaced).len(), 1);
     }
 }
