@@ -371,9 +371,11 @@ mod tests {
         assert_eq!(flags, RUN_FLAGS.trim(), "\n{flags}\n");
     }
 
-    /// `run`'s flags before they were grouped (issue 33): deploy/, docs and users depend on them.
+    /// `run`'s flags (grouped in issue 33; the registry flags and --fetch-interval added in
+    /// issue 37): deploy/, docs and users depend on them.
     const RUN_FLAGS: &str = r#"
 --add-pv-finalizer short=None env=None default=[true] bare=[true] num_args=Some(0..=1) action=Set values=[true,false] value_names=Some(["ADD_PV_FINALIZER"]) hidden=false required=false
+--ca-file short=None env=None default=[] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["PEM"]) hidden=false required=false
 --cache-whole-objects short=None env=None default=[false] bare=[true] num_args=Some(0) action=SetTrue values=[] value_names=Some(["CACHE_WHOLE_OBJECTS"]) hidden=true required=false
 --claim-finalizer short=None env=None default=[true] bare=[true] num_args=Some(0..=1) action=Set values=[true,false] value_names=Some(["CLAIM_FINALIZER"]) hidden=true required=false
 --compile-cpu-seconds short=None env=Some("WP_COMPILE_CPU_SECONDS") default=[60] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["COMPILE_CPU_SECONDS"]) hidden=false required=false
@@ -383,6 +385,7 @@ mod tests {
 --delete-timeout short=None env=None default=[5m] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["DELETE_TIMEOUT"]) hidden=false required=false
 --failed-delete-threshold short=None env=None default=[15] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["FAILED_DELETE_THRESHOLD"]) hidden=false required=false
 --failed-provision-threshold short=None env=None default=[15] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["FAILED_PROVISION_THRESHOLD"]) hidden=false required=false
+--fetch-interval short=None env=None default=[30s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["FETCH_INTERVAL"]) hidden=false required=false
 --guest-nice short=None env=None default=[10] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["GUEST_NICE"]) hidden=false required=false
 --guest-threads short=None env=None default=[] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["GUEST_THREADS"]) hidden=false required=false
 --help short=Some('h') env=None default=[] bare=[] num_args=Some(0) action=Help values=[] value_names=None hidden=false required=false
@@ -400,6 +403,7 @@ mod tests {
 --leader-election-renew-deadline short=None env=None default=[10s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["LEADER_ELECTION_RENEW_DEADLINE"]) hidden=false required=false
 --leader-election-retry-period short=None env=None default=[2s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["LEADER_ELECTION_RETRY_PERIOD"]) hidden=false required=false
 --log-format short=None env=Some("WP_LOG_FORMAT") default=[text] bare=[] num_args=Some(1) action=Set values=[text,json] value_names=Some(["LOG_FORMAT"]) hidden=false required=false
+--max-module-mib short=None env=None default=[64] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["MAX_MODULE_MIB"]) hidden=false required=false
 --metrics-address short=None env=None default=[] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["METRICS_ADDRESS"]) hidden=false required=false
 --metrics-path short=None env=None default=[/metrics] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["METRICS_PATH"]) hidden=false required=false
 --module-cache short=None env=Some("WP_MODULE_CACHE") default=[] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["MODULE_CACHE"]) hidden=false required=false
@@ -409,11 +413,14 @@ mod tests {
 --node-deployment-max-delay short=None env=None default=[60s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["NODE_DEPLOYMENT_MAX_DELAY"]) hidden=false required=false
 --node-gone-grace short=None env=None default=[5m] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["NODE_GONE_GRACE"]) hidden=false required=false
 --node-name short=None env=Some("NODE_NAME") default=[] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["NODE_NAME"]) hidden=false required=false
+--plain-http short=None env=None default=[] bare=[] num_args=Some(1) action=Append values=[] value_names=Some(["HOST:PORT"]) hidden=false required=false
 --plugins short=None env=Some("WP_PLUGINS") default=[] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["PLUGINS"]) hidden=false required=true
 --plugins-debounce short=None env=None default=[500ms] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["PLUGINS_DEBOUNCE"]) hidden=false required=false
 --plugins-rescan-interval short=None env=None default=[30s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["PLUGINS_RESCAN_INTERVAL"]) hidden=false required=false
 --pooling short=None env=None default=[auto] bare=[] num_args=Some(1) action=Set values=[auto,on,off] value_names=Some(["POOLING"]) hidden=false required=false
 --provision-timeout short=None env=None default=[5m] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["PROVISION_TIMEOUT"]) hidden=false required=false
+--registry-config short=None env=Some("WP_REGISTRY_CONFIG") default=[] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["FILE"]) hidden=false required=false
+--request-timeout short=None env=None default=[60s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["REQUEST_TIMEOUT"]) hidden=false required=false
 --resync-period short=None env=None default=[15m] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["RESYNC_PERIOD"]) hidden=false required=false
 --retry-interval-max short=None env=None default=[1000s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["RETRY_INTERVAL_MAX"]) hidden=false required=false
 --retry-interval-start short=None env=None default=[15s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["RETRY_INTERVAL_START"]) hidden=false required=false
