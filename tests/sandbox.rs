@@ -30,9 +30,9 @@ mod samples;
 #[path = "sandbox/served.rs"]
 mod served;
 
-/// Taken by the tests that load the CPU for seconds (a compile bomb, a 10^5-entry listing, a
-/// 50,000-file volume) and by the one whose attacks run against a deadline, so that they never
-/// share the two cores of a CI machine.
+/// Taken by the tests that load the CPU for seconds (a compile bomb, the pin tests' guests
+/// compiled again at every swap, a 10^5-entry listing, a 50,000-file volume) and by the one
+/// whose attacks run against a deadline, so that they never share the two cores of a CI machine.
 pub static CPU_HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 use std::path::Path;

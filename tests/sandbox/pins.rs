@@ -26,6 +26,8 @@ fn pinned_grant(provisioner: &str, storage: &std::path::Path, module: &str) -> S
 
 #[test]
 fn a_module_that_is_not_its_pinned_bytes_is_refused_before_it_compiles_and_the_others_serve() {
+    // Compiles guests for seconds: not beside the attacks that run against a deadline.
+    let _alone = super::CPU_HEAVY.blocking_lock();
     let storage = tempfile::tempdir().unwrap();
     let hostpath = digest_of("hostpath");
     let plugins = PluginsDir::new();
@@ -74,6 +76,8 @@ fn a_module_that_is_not_its_pinned_bytes_is_refused_before_it_compiles_and_the_o
 
 #[test]
 fn a_bad_pin_is_a_grant_error_that_names_the_key() {
+    // Compiles guests for seconds: not beside the attacks that run against a deadline.
+    let _alone = super::CPU_HEAVY.blocking_lock();
     let storage = tempfile::tempdir().unwrap();
     let plugins = PluginsDir::new();
     plugins.add(
@@ -110,6 +114,8 @@ fn a_bad_pin_is_a_grant_error_that_names_the_key() {
 
 #[test]
 fn a_pinned_guest_replaced_by_other_bytes_stops_serving_until_its_bytes_return() {
+    // Compiles guests for seconds: not beside the attacks that run against a deadline.
+    let _alone = super::CPU_HEAVY.blocking_lock();
     let storage = tempfile::tempdir().unwrap();
     let grant = pinned_grant(
         PINNED,
@@ -149,6 +155,8 @@ fn a_pinned_guest_replaced_by_other_bytes_stops_serving_until_its_bytes_return()
 
 #[tokio::test]
 async fn with_delete_with_last_good_the_last_matching_module_deletes_and_serves_no_claim() {
+    // Compiles guests for seconds: not beside the attacks that run against a deadline.
+    let _alone = super::CPU_HEAVY.lock().await;
     let storage = tempfile::tempdir().unwrap();
     let good = digest_of("hostpath");
     let grant = pinned_grant(
@@ -267,6 +275,8 @@ impl CosignKey {
 /// bytes is refused like a wrong digest, and the guest serving before stops serving.
 #[test]
 fn a_grant_with_a_cosign_key_loads_only_modules_its_key_signed() {
+    // Compiles guests for seconds: not beside the attacks that run against a deadline.
+    let _alone = super::CPU_HEAVY.blocking_lock();
     let storage = tempfile::tempdir().unwrap();
     let plugins = PluginsDir::new();
     let key = CosignKey::new();
@@ -320,6 +330,8 @@ fn a_grant_with_a_cosign_key_loads_only_modules_its_key_signed() {
 /// and the load says what is missing, in the log and as a counted warning.
 #[test]
 fn a_grant_lacking_a_declared_need_loads_with_a_counted_warning() {
+    // Compiles guests for seconds: not beside the attacks that run against a deadline.
+    let _alone = super::CPU_HEAVY.blocking_lock();
     let storage = tempfile::tempdir().unwrap();
     let plugins = PluginsDir::new();
     let lacking = dir_grant(PINNED, storage.path(), "/state", "")
