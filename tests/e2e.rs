@@ -8,6 +8,13 @@
 mod common;
 #[path = "e2e/expand.rs"]
 mod expand;
+#[allow(
+    dead_code,
+    reason = "the registry tests' helpers; this suite starts a registry only"
+)]
+mod oci_support;
+#[path = "e2e/registry.rs"]
+mod registry;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -25,6 +32,7 @@ use common::world::World;
 use expand::{
     a_bound_claim_grows_when_it_asks_for_more, a_failed_growth_is_reported_retried_and_given_up,
 };
+use registry::a_guest_fetched_from_its_source_provisions;
 
 const OUR_FINALIZER: &str = "wasm-provisioner.dev/provisioning";
 
@@ -881,6 +889,7 @@ fn main() -> std::process::ExitCode {
             release_finalizers_lets_a_held_clone_source_go,
             a_bound_claim_grows_when_it_asks_for_more,
             a_failed_growth_is_reported_retried_and_given_up,
+            a_guest_fetched_from_its_source_provisions,
         ],
     )
 }
