@@ -190,7 +190,13 @@ impl Loader {
                     kept.insert(name, entry);
                 }
                 Ok(Loaded::Unchanged) => {
-                    kept.insert(name, previous.expect("unchanged means it existed"));
+                    let mut entry = previous.expect("unchanged means it existed");
+                    // The file holds again the bytes this entry was loaded from, under the same
+                    // grant: a guest kept only to delete serves again.
+                    if entry.deletes_only.take().is_some() {
+                        tracing::info!(guest = %name, sha256 = %entry.wasm_sha256, "plugin serves again: its module matches its grant");
+                    }
+                    kept.insert(name, entry);
                 }
                 // The version serving (if any) serves on until the new one is compiled.
                 Ok(Loaded::Compiling {

@@ -207,6 +207,18 @@ async fn with_delete_with_last_good_the_last_matching_module_deletes_and_serves_
         .expect("deleted by the last good module");
     assert!(!volume_dir.exists());
 
+    // The reviewed bytes back under the same grant: served again, not only deleting.
+    plugins.add("live", "hostpath", &grant);
+    let restored = loader.scan().unwrap();
+    assert_eq!(
+        restored.plugins.availability(PINNED),
+        Availability::Served,
+        "{:?}",
+        restored.plugins.problems
+    );
+    plugins.add("live", "scripted", &grant);
+    assert!(!loader.scan().unwrap().plugins.serves(PINNED));
+
     // A grant that pins the new bytes has not vouched for the old: nothing deletes for it
     // until the file matches (the new bytes are not loaded while the old stay in place).
     let scripted = digest_of("scripted");
