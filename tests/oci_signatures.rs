@@ -184,6 +184,42 @@ async fn a_guest_signed_with_the_pinned_key_is_pulled_saved_loaded_and_served_an
     let served = wasm_provisioner::wasm::load_dir(&engine, plugins.path()).unwrap();
     assert!(served.serves("test.dev/signed"), "{:?}", served.problems);
 
+    // The host's own fetcher, for a grant naming this source: nothing to do while the evidence
+    // verifies; evidence that no longer does (here: a stranger's) is fetched again.
+    write(
+        plugins.path(),
+        "hostpath.toml",
+        format!("{grant_text}source = \"{reference}\"\n"),
+    );
+    write(plugins.path(), ".hostpath.source", &reference);
+    let mut fetcher = wasm_provisioner::oci::fetch::Fetcher::new(
+        plugins.path().to_owned(),
+        wasm_provisioner::oci::commands::registry(&RegistryArgs {
+            registry_config: None,
+            ca_file: None,
+            plain_http: vec![addr.to_string()],
+            max_module_mib: 64,
+            request_timeout: std::time::Duration::from_secs(30),
+        })
+        .unwrap(),
+    );
+    assert_eq!(fetcher.pass().await, []);
+    let good_evidence = std::fs::read(plugins.path().join(".hostpath.sig.json")).unwrap();
+    let stranger = serde_json::json!({"manifest": "{}", "payload": "{}", "signature": "AAAA"});
+    write(plugins.path(), ".hostpath.sig.json", stranger.to_string());
+    let healed = fetcher.pass().await;
+    assert!(
+        matches!(&healed[..], [wasm_provisioner::oci::fetch::Outcome::Fetched { because, .. }]
+            if because.contains("does not verify")),
+        "{healed:?}"
+    );
+    assert_eq!(
+        std::fs::read(plugins.path().join(".hostpath.sig.json")).unwrap(),
+        good_evidence
+    );
+    let served = wasm_provisioner::wasm::load_dir(&engine, plugins.path()).unwrap();
+    assert!(served.serves("test.dev/signed"), "{:?}", served.problems);
+
     // Across an air gap: the tarball carries the evidence; the host behind it serves.
     let tarball = work.path().join("guests.tar");
     let (ok, _, err) = provisioner(&[

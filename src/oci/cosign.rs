@@ -167,6 +167,33 @@ struct Layer {
     digest: String,
 }
 
+/// The largest signature evidence file read: a manifest, a payload and a signature.
+const MAX_EVIDENCE_BYTES: u64 = 256 * 1024;
+
+/// Whether the evidence `pull` kept beside `NAME.wasm` shows a signature by `key` of the
+/// artifact whose module has SHA-256 `module_hex`.
+pub fn verify_beside(
+    dir: &std::path::Path,
+    name: &str,
+    key: &str,
+    module_hex: &str,
+) -> Result<(), String> {
+    use std::io::Read as _;
+    let path = dir.join(evidence_file(name));
+    let mut text = String::new();
+    std::fs::File::open(&path)
+        .and_then(|file| file.take(MAX_EVIDENCE_BYTES).read_to_string(&mut text))
+        .map_err(|e| {
+            format!(
+                "its grant names a cosign-key and its signature evidence {} cannot be read ({e}): pull it with `wasm-provisioner pull --grant` or load it from a `save` tarball",
+                path.display()
+            )
+        })?;
+    let evidence: Evidence = serde_json::from_str(&text)
+        .map_err(|e| format!("signature evidence {}: {e}", path.display()))?;
+    verify(&evidence, key, module_hex).map_err(|e| e.to_string())
+}
+
 /// Why no verified signature could be fetched.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {

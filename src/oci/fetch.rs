@@ -52,8 +52,12 @@ pub fn fetch_reason(
             module.display()
         ));
     }
-    if grant.module.cosign_key.is_some() && !dir.join(super::cosign::evidence_file(name)).exists() {
-        return Some(format!("{} has no signature evidence", module.display()));
+    // Evidence that does not verify for the file in place is refetched, not only missing one:
+    // the loader refuses that module, and a fetch heals it.
+    if let Some(key) = &grant.module.cosign_key
+        && let Err(why) = super::cosign::verify_beside(dir, name, key, digest.hex())
+    {
+        return Some(format!("{}: {why}", module.display()));
     }
     // Unpinned: the module is the one last fetched from this very reference, or is fetched.
     let marker = std::fs::read_to_string(dir.join(source_marker(name))).ok();

@@ -343,7 +343,7 @@ impl Loader {
             ));
         }
         if let Some(key) = &grants.module.cosign_key
-            && let Err(why) = signed(&self.dir, name, key, &wasm_sha256)
+            && let Err(why) = crate::oci::cosign::verify_beside(&self.dir, name, key, &wasm_sha256)
         {
             PluginStats::bump(&self.stats.rejections);
             let reason = format!("{display}: {why}; refused");
@@ -550,28 +550,6 @@ enum Previous {
     Unload(&'static str),
     /// It only deletes from now on, for this reason.
     DeletesOnly(String),
-}
-
-/// The largest signature evidence file read: a manifest, a payload and a signature.
-const MAX_EVIDENCE_BYTES: u64 = 256 * 1024;
-
-/// Whether the evidence `pull` kept beside `NAME.wasm` shows a signature by `key` of the
-/// artifact whose module has SHA-256 `module_hex`.
-fn signed(dir: &Path, name: &str, key: &str, module_hex: &str) -> Result<(), String> {
-    use std::io::Read as _;
-    let path = dir.join(crate::oci::cosign::evidence_file(name));
-    let mut text = String::new();
-    std::fs::File::open(&path)
-        .and_then(|file| file.take(MAX_EVIDENCE_BYTES).read_to_string(&mut text))
-        .map_err(|e| {
-            format!(
-                "its grant names a cosign-key and its signature evidence {} cannot be read ({e}): pull it with `wasm-provisioner pull --grant` or load it from a `save` tarball",
-                path.display()
-            )
-        })?;
-    let evidence: crate::oci::cosign::Evidence = serde_json::from_str(&text)
-        .map_err(|e| format!("signature evidence {}: {e}", path.display()))?;
-    crate::oci::cosign::verify(&evidence, key, module_hex).map_err(|e| e.to_string())
 }
 
 /// The refusal of a module whose bytes are not the ones its grant vouches for (pin or
