@@ -121,19 +121,29 @@ fn every_manifest_parses_into_its_kubernetes_type() {
 }
 
 fn kustomization() -> serde_yaml::Value {
-    let text = std::fs::read_to_string(deploy().join("kustomization.yaml")).unwrap();
+    kustomization_in(&deploy())
+}
+
+/// The `kustomization.yaml` of `dir`.
+fn kustomization_in(dir: &Path) -> serde_yaml::Value {
+    let text = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
     serde_yaml::from_str(&text).unwrap()
+}
+
+/// A kustomization's `resources`.
+fn resources(k: &serde_yaml::Value) -> Vec<&str> {
+    k["resources"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect()
 }
 
 #[test]
 fn kustomization_names_existing_files_and_loadable_grants() {
     let k = kustomization();
-    let resources: Vec<&str> = k["resources"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|r| r.as_str().unwrap())
-        .collect();
+    let resources = resources(&k);
     for resource in &resources {
         assert!(
             deploy().join(resource).is_file(),
@@ -486,16 +496,8 @@ fn the_readme_is_short_and_links_every_doc() {
 #[test]
 fn the_registry_overlay_pulls_with_real_flags_and_mounts_its_secret() {
     let dir = deploy().join("registry");
-    let k: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
-            .unwrap();
-    let resources: Vec<&str> = k["resources"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|r| r.as_str().unwrap())
-        .collect();
-    assert_eq!(resources, ["../", "registry-credentials.yaml"]);
+    let k = kustomization_in(&dir);
+    assert_eq!(resources(&k), ["../", "registry-credentials.yaml"]);
     let patch: serde_yaml::Value =
         serde_yaml::from_str(k["patches"][0]["patch"].as_str().unwrap()).unwrap();
     let container: k8s_openapi::api::core::v1::Container =
