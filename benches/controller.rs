@@ -14,12 +14,15 @@
 //! volume a subvolume limited to its claim; a loop-mounted image per run; root), alternating with
 //! the plain runs, for the cost of enforced sizes. `WP_BENCH_BINARY` runs another build of the provisioner. `WP_BENCH_DELAY_MS` (default 0) puts the provisioners that many milliseconds (one way) from the API server, through `wp_harness::LatencyProxy`. `WP_BENCH_GO_BINARY` names a build of
 //! `sig-storage-lib-external-provisioner`'s hostpath example taking `-kubeconfig`,
-//! `-kube-api-qps`, `-kube-api-burst`, `-worker-threads`, `-leader-elect` and `-pv-dir` (see
+//! `-kube-api-qps`, `-kube-api-burst`, `-worker-threads`, `-leader-elect`, `-pv-dir` and
+//! `-add-finalizer` (see
 //! docs/benchmarks.md): when set, throughput runs it on the same control plane, its runs
 //! alternating with ours (at its own defaults, QPS 5 / burst 10, in the "each at its defaults"
 //! profile; at ours in the others that it has), and memory adds its RSS in the same states.
 //! `WP_BENCH_PREMARKED=1` creates the claims marked for their provisioner, as
 //! kube-controller-manager marks them, so that its pace does not bound either program.
+//! `WP_KCM_API_QPS` (read by the harness; burst twice that) raises kube-controller-manager's own
+//! client budget, 200/s by default, which it spends on marking, binding and releasing alike.
 //! `WP_BENCH_BURN=N` keeps N threads spinning during the throughput runs (both cores busy).
 //! The load average is printed at the start and the end. `WP_BENCH_CLAIMS` (default 500) and `WP_BENCH_OBJECTS` (default 10000) size the runs;
 //! `WP_BENCH_RUNS` (default 3) processes per memory figure; `WP_BENCH_PARTS` (default `throughput,memory`; also `foreign`) picks the parts; `WP_BENCH_PROFILES` (indexes,
@@ -56,6 +59,8 @@ struct Profile {
     /// The Go library's `-worker-threads` (its default is 4).
     go_workers: usize,
     extra: &'static [&'static str],
+    /// Flags the Go example gets beyond its client settings and workers.
+    go_extra: &'static [&'static str],
     /// The Go library's client settings in this profile (its example's defaults where ours run
     /// at ours), or `None` where the profile only varies our flags.
     go: Option<(f64, u32)>,
@@ -69,7 +74,7 @@ impl Profile {
     }
 }
 
-const PROFILES: [Profile; 8] = [
+const PROFILES: [Profile; 9] = [
     Profile {
         name: "each at its defaults (workers: ours 32, Go 4)",
         qps: 50.0,
@@ -77,6 +82,7 @@ const PROFILES: [Profile; 8] = [
         workers: None,
         go_workers: 4,
         extra: &[],
+        go_extra: &[],
         go: Some((5.0, 10)),
     },
     Profile {
@@ -86,6 +92,7 @@ const PROFILES: [Profile; 8] = [
         workers: None,
         go_workers: 4,
         extra: &[],
+        go_extra: &[],
         go: Some((100.0, 200)),
     },
     Profile {
@@ -95,6 +102,7 @@ const PROFILES: [Profile; 8] = [
         workers: None,
         go_workers: 4,
         extra: &["--intent-record=claim-finalizer"],
+        go_extra: &[],
         go: None,
     },
     Profile {
@@ -104,6 +112,7 @@ const PROFILES: [Profile; 8] = [
         workers: None,
         go_workers: 4,
         extra: &["--intent-record=off"],
+        go_extra: &[],
         go: None,
     },
     Profile {
@@ -113,6 +122,7 @@ const PROFILES: [Profile; 8] = [
         workers: Some(16),
         go_workers: 16,
         extra: &[],
+        go_extra: &[],
         go: Some((200.0, 400)),
     },
     Profile {
@@ -122,16 +132,18 @@ const PROFILES: [Profile; 8] = [
         workers: Some(4),
         go_workers: 4,
         extra: &[],
+        go_extra: &[],
         go: Some((100.0, 200)),
     },
     Profile {
-        name: "equal budget, --add-pv-finalizer=false (an experiment: what our PV finalizer costs the deletes)",
+        name: "equal budget, no PV finalizer on either side (ours --add-pv-finalizer=false; the Go library's default)",
         qps: 100.0,
         burst: 200,
         workers: None,
         go_workers: 4,
         extra: &["--add-pv-finalizer=false"],
-        go: None,
+        go_extra: &[],
+        go: Some((100.0, 200)),
     },
     Profile {
         name: "equal budget, --guest-nice 0 (an experiment: guest threads at the controller's priority)",
@@ -140,7 +152,18 @@ const PROFILES: [Profile; 8] = [
         workers: None,
         go_workers: 4,
         extra: &["--guest-nice", "0"],
+        go_extra: &[],
         go: None,
+    },
+    Profile {
+        name: "equal budget, a PV finalizer on both sides (ours by default; the Go library's AddFinalizer, `-add-finalizer` in the patched example)",
+        qps: 100.0,
+        burst: 200,
+        workers: None,
+        go_workers: 4,
+        extra: &[],
+        go_extra: &["-add-finalizer=true"],
+        go: Some((100.0, 200)),
     },
 ];
 
@@ -166,7 +189,8 @@ const GO_PROVISIONER: &str = "example.com/hostpath";
 const GO_NODE_NAME: &str = "bench-node";
 
 /// What the Go example needs, as its own `rbac.yaml` grants it (without leader election, which
-/// the bench turns off on both sides), bound to spare identity 1 so that both provisioners go
+/// the bench turns off on both sides; with `update` on PVs, which its finalizer's removal needs
+/// under `-add-finalizer`), bound to spare identity 1 so that both provisioners go
 /// through RBAC in the throughput runs.
 fn go_rbac(cp: &ControlPlane) -> String {
     format!(
@@ -177,7 +201,7 @@ metadata:
 rules:
   - apiGroups: [""]
     resources: ["persistentvolumes"]
-    verbs: ["get", "list", "watch", "create", "delete"]
+    verbs: ["get", "list", "watch", "create", "delete", "update"]
   - apiGroups: [""]
     resources: ["persistentvolumeclaims"]
     verbs: ["get", "list", "watch"]
@@ -257,6 +281,7 @@ fn go_command(
     qps: f64,
     burst: u32,
     workers: usize,
+    extra: &[&str],
 ) -> std::process::Command {
     let mut cmd = std::process::Command::new(go_binary().expect("WP_BENCH_GO_BINARY"));
     cmd.arg("-kubeconfig")
@@ -267,6 +292,7 @@ fn go_command(
         .arg("-leader-elect=false")
         .arg("-pv-dir")
         .arg(storage)
+        .args(extra)
         .env("NODE_NAME", GO_NODE_NAME);
     cmd
 }
@@ -401,6 +427,56 @@ struct Provisioned {
     writes_per_claim: f64,
     /// The same while deleting.
     delete_writes_per_claim: f64,
+    /// CPU seconds each process spent, by phase ("provision": first claim POSTed → all Bound;
+    /// "delete": claims deleted → all gone) and process.
+    cpu: Vec<CpuSpent>,
+}
+
+/// CPU seconds one process spent in one phase of a run.
+struct CpuSpent {
+    phase: &'static str,
+    process: &'static str,
+    seconds: f64,
+}
+
+/// CPU time (user + system) a process has used so far, from `/proc/<pid>/stat`.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which may hold spaces, closed by the last ')'.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // /proc reports ticks of USER_HZ, which the kernel's ABI fixes at 100 on every architecture
+    // this runs on (`getconf CLK_TCK`).
+    Some(ticks as f64 / 100.0)
+}
+
+/// The processes a run's CPU is counted for: the provisioner under test, the bench itself
+/// (client and watches) and the control plane's components.
+async fn cpu_sample(cp: &ControlPlane, provisioner: u32) -> Vec<(&'static str, f64)> {
+    let mut pids = vec![("provisioner", provisioner), ("bench", std::process::id())];
+    pids.extend(cp.component_pids().await);
+    pids.into_iter()
+        .filter_map(|(name, pid)| Some((name, cpu_seconds(pid)?)))
+        .collect()
+}
+
+/// What each process spent between two samples.
+fn cpu_spent(
+    phase: &'static str,
+    from: &[(&'static str, f64)],
+    to: &[(&'static str, f64)],
+) -> Vec<CpuSpent> {
+    to.iter()
+        .filter_map(|(process, end)| {
+            let (_, begin) = from.iter().find(|(p, _)| p == process)?;
+            Some(CpuSpent {
+                phase,
+                process,
+                seconds: end - begin,
+            })
+        })
+        .collect()
 }
 
 /// When each object was first seen existing (by name) and gone, from one watch: the benchmark
@@ -691,7 +767,7 @@ async fn provision_run(
                 );
             cmd
         }
-        Side::Go => go_command(&reach.go, storage, qps, burst, p.go_workers),
+        Side::Go => go_command(&reach.go, storage, qps, burst, p.go_workers, p.go_extra),
     };
     let mut process = Process::spawn(cmd, cp.run_dir().join(format!("bench-{tag}.log")))?;
     wait_for("provisioner ready", Duration::from_secs(120), || async {
@@ -717,6 +793,7 @@ async fn provision_run(
         .await
         .with_context(|| process.log_tail(40))?;
     let before = request_counts(admin).await?;
+    let cpu_before = cpu_sample(cp, process.pid()).await;
     let start = Instant::now();
     // PV name (pvc-<claim UID>) → when its claim was POSTed; on 8 connections.
     // `WP_BENCH_PREMARKED=1`: created marked for their provisioner, as kube-controller-manager
@@ -764,6 +841,7 @@ async fn provision_run(
     };
     until_seen("all claims Bound", &claim_seen, |s| s.bound.len() >= n).await?;
     let all_bound = start.elapsed();
+    let cpu_bound = cpu_sample(cp, process.pid()).await;
     events_drained(admin).await?;
     let after_provision = request_counts(admin).await?;
     let to_pv = {
@@ -774,6 +852,7 @@ async fn provision_run(
             .collect()
     };
 
+    let cpu_delete = cpu_sample(cp, process.pid()).await;
     let start = Instant::now();
     claims
         .delete_collection(&DeleteParams::default(), &ListParams::default())
@@ -793,6 +872,9 @@ async fn provision_run(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let all_gone = start.elapsed();
+    let cpu_gone = cpu_sample(cp, process.pid()).await;
+    let mut cpu = cpu_spent("provision", &cpu_before, &cpu_bound);
+    cpu.extend(cpu_spent("delete", &cpu_delete, &cpu_gone));
     events_drained(admin).await?;
     let after_delete = request_counts(admin).await?;
     let (to_gone, all_released) = {
@@ -862,6 +944,7 @@ async fn provision_run(
         calls_per_claim,
         writes_per_claim: writes,
         delete_writes_per_claim: delete_writes,
+        cpu,
     })
 }
 
@@ -935,7 +1018,7 @@ impl Launch<'_> {
                 "controller started",
             ),
             Launch::Go { storage } => (
-                go_command(cp.admin_kubeconfig(), storage, 5.0, 10, 4),
+                go_command(cp.admin_kubeconfig(), storage, 5.0, 10, 4, &[]),
                 Side::Go.ready_marker(),
             ),
         }
@@ -1202,6 +1285,7 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
     let mut released = Vec::new();
     let mut idle = Vec::new();
     let mut marked = Vec::new();
+    let mut cpu = Vec::new();
     for (i, profile) in profiles() {
         let (raw_create, _) = raw_rate(admin, n, profile, &i.to_string()).await?;
         let mut sides = vec![Side::Ours];
@@ -1264,6 +1348,7 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
             );
             let label = format!("{}, {}", side.label(), profile.name);
             calls.push((label.clone(), last.calls_per_claim.clone()));
+            cpu.push((label.clone(), cpu_medians(&results)));
             released.push((label.clone(), triple(|r| r.all_released).0));
             marked.push((
                 label.clone(),
@@ -1316,6 +1401,16 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
         println!("- {profile}: all POSTed {posted}; all marked {marked}");
     }
     println!(
+        "\nCPU seconds spent by each process (median over the runs): provisioning (first claim POSTed → every claim Bound) | deleting (claims deleted → every PV and its storage gone); all of them share the same two cores:\n"
+    );
+    for (profile, spent) in cpu {
+        let list: Vec<String> = spent
+            .iter()
+            .map(|(process, provision, delete)| format!("{process} {provision:.2} | {delete:.2}"))
+            .collect();
+        println!("- {profile}: {}", list.join(", "));
+    }
+    println!(
         "\nA single claim created while the provisioner is idle → its PV, ms ({IDLE_SINGLES} per run, one at a time, before each run's burst; p50 / p99 over every run):\n"
     );
     for (profile, mut times) in idle {
@@ -1326,6 +1421,30 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
         );
     }
     Ok(())
+}
+
+/// Per process, the median CPU seconds of its provisioning and its deleting over the runs.
+fn cpu_medians(results: &[Provisioned]) -> Vec<(&'static str, f64, f64)> {
+    let median = |phase: &str, process: &str| {
+        let mut values: Vec<f64> = results
+            .iter()
+            .flat_map(|r| &r.cpu)
+            .filter(|c| c.phase == phase && c.process == process)
+            .map(|c| c.seconds)
+            .collect();
+        values.sort_by(f64::total_cmp);
+        values.get(values.len() / 2).copied().unwrap_or_default()
+    };
+    let mut processes: Vec<&'static str> = Vec::new();
+    for spent in results.iter().flat_map(|r| &r.cpu) {
+        if !processes.contains(&spent.process) {
+            processes.push(spent.process);
+        }
+    }
+    processes
+        .into_iter()
+        .map(|p| (p, median("provision", p), median("delete", p)))
+        .collect()
 }
 
 async fn memory(cp: &ControlPlane, admin: &Client, m: usize) -> anyhow::Result<()> {

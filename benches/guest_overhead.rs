@@ -22,6 +22,10 @@ use wasm_provisioner::wasm::{Grants, WasmEngine, load_dir};
 
 const PROVISIONER: &str = "bench.wasm-provisioner.dev/hostpath";
 
+/// No-op round trips to the blocking pool in the trips row: about what one hostpath provision
+/// makes (its `mkdir`, `stat` and metadata calls).
+const POOL_TRIPS: usize = 4;
+
 /// The hostpath guest's provision, written natively against the same builder the host uses.
 fn native_provision(request: &ProvisionRequest, grants: &Grants, storage: &Path) -> BuiltVolume {
     let dir = storage.join(&request.pv_name);
@@ -80,13 +84,17 @@ fn main() {
         &common::dir_grant(PROVISIONER, storage.path(), "/volumes", ""),
     );
     let runtime = tokio::runtime::Runtime::new().unwrap();
+    // `WP_BENCH_ONLY_AS_RUN=1`: only the call as `run` makes it, untimed: the loop to run under a
+    // profiler (callgrind, strace -c) for where a call's time goes.
+    let only_as_run = std::env::var("WP_BENCH_ONLY_AS_RUN").is_ok_and(|v| v == "1");
     let mut guests = Vec::new();
     // What `run` uses (pooling, guest threads at a lower priority) and the two allocators alone.
-    for (pooling, executor) in [
+    let paths = [
         (Pooling::Off, None),
         (Pooling::On, None),
         (Pooling::On, Some(ExecutorOptions::default())),
-    ] {
+    ];
+    for (pooling, executor) in paths.into_iter().skip(if only_as_run { 2 } else { 0 }) {
         let engine = WasmEngine::with_options(&EngineOptions {
             pooling,
             module_cache: None,
@@ -125,6 +133,25 @@ fn main() {
             .expect("the native call ran")
     };
 
+    if only_as_run {
+        let (_, guest) = guests.last().expect("the as-`run` guest");
+        for _ in 0..iterations {
+            std::hint::black_box(runtime.block_on(guest.provision(&request)).unwrap());
+        }
+        println!("{iterations} calls as `run` makes them");
+        return;
+    }
+    // The hop plus four no-op round trips to the guest threads' blocking pool, where every
+    // filesystem call of a guest goes (a hostpath provision makes 3-4): what one such trip costs.
+    let pool_trips = || {
+        runtime
+            .block_on(hop.run(async {
+                for _ in 0..POOL_TRIPS {
+                    tokio::task::spawn_blocking(|| ()).await.expect("no-op");
+                }
+            }))
+            .expect("the trips ran")
+    };
     // Warm up every path (first directory creation, caches, lazy init).
     for _ in 0..50 {
         for (_, guest) in &guests {
@@ -132,10 +159,12 @@ fn main() {
         }
         native_provision(&request, &grants, storage.path());
         native_hopped();
+        pool_trips();
     }
     let mut wasm: Vec<Vec<Duration>> = vec![Vec::with_capacity(iterations); guests.len()];
     let mut native = Vec::with_capacity(iterations);
     let mut hopped = Vec::with_capacity(iterations);
+    let mut trips = Vec::with_capacity(iterations);
     for _ in 0..iterations {
         // Interleave so every path sees the same machine noise.
         for (i, (_, guest)) in guests.iter().enumerate() {
@@ -152,6 +181,9 @@ fn main() {
         let built = native_hopped();
         hopped.push(t.elapsed());
         std::hint::black_box(built);
+        let t = Instant::now();
+        pool_trips();
+        trips.push(t.elapsed());
     }
     let (native_median, native_p99) = summarize(native);
     println!("guest overhead: hostpath provision, {iterations} calls per path, interleaved");
@@ -171,5 +203,9 @@ fn main() {
         "| native Rust, hopped onto guest-executor threads | {median:.1} | {p99:.1} | {:.2}× | {:.2}× |",
         median / native_median,
         p99 / native_p99
+    );
+    let (trips_median, trips_p99) = summarize(trips);
+    println!(
+        "| a no-op hopped onto the guest threads with {POOL_TRIPS} no-op blocking-pool round trips in it (each guest filesystem call is one) | {trips_median:.1} | {trips_p99:.1} | — | — |"
     );
 }

@@ -89,6 +89,15 @@ impl ControlPlane {
         }
     }
 
+    /// The PIDs of the local components by name (none when attached): what a benchmark reads
+    /// their CPU time from.
+    pub async fn component_pids(&self) -> Vec<(&'static str, u32)> {
+        match &self.local {
+            Some(local) => local.lock().await.pids(),
+            None => Vec::new(),
+        }
+    }
+
     /// Kubeconfig of `admin` (group `system:masters`, bypasses RBAC).
     pub fn admin_kubeconfig(&self) -> &Path {
         &self.admin_kubeconfig
