@@ -314,23 +314,30 @@ const CHAIN: usize = 10_000;
 const RUNS: usize = 3;
 
 /// A pod's chain of 10,000 nested one-letter directories deletes in one call, in about the time
-/// of 10,000 files (the shipped hostpath grant, its descriptor cap lowered to 24): delete work grows with the entries,
-/// not with their depth squared. Before, the walk started over from the top after each emptied
-/// directory, and each call met its deadline (the issue measured 28-47 calls of 10 s).
+/// of 10,000 files (the shipped hostpath grant, its descriptor cap lowered to 24, its deadline
+/// raised to 60 s): delete work grows with the entries, not with their depth squared. Before,
+/// the walk started over from the top after each emptied directory, and each call met its
+/// deadline (the issue measured 28-47 calls of 10 s, so 60 s still catches it). The shipped 10 s
+/// held where a round trip to the blocking pool is cheap; the chain makes about 45,000 of them,
+/// and on a virtual machine where waking a thread is dear (docs/benchmarks.md §2) they took just
+/// over 10 s, alone and quiet: what this test proves is the shape, not that machine's speed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deep_chain_deletes_in_one_call_like_as_many_files() {
     let _alone = super::CPU_HEAVY.lock().await;
-    // The shipped grant (10 s deadline), its descriptor cap lowered from 64 to 24.
+    // The shipped grant, its descriptor cap lowered from 64 to 24 and its deadline raised.
     let hostpath = Sample::with_grant_edits(
         "hostpath",
         "hostpath",
         "/var/lib/wasm-provisioner/hostpath",
         &[],
         None,
-        &[(
-            "max-concurrency = 4",
-            "max-concurrency = 4\ndescriptors = 24",
-        )],
+        &[
+            (
+                "max-concurrency = 4",
+                "max-concurrency = 4\ndescriptors = 24",
+            ),
+            ("call-timeout-ms = 10000", "call-timeout-ms = 60000"),
+        ],
     );
     let (mut chains, mut files) = (Vec::new(), Vec::new());
     for run in 0..RUNS {
