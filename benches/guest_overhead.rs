@@ -22,8 +22,8 @@ use wasm_provisioner::wasm::{Grants, WasmEngine, load_dir};
 
 const PROVISIONER: &str = "bench.wasm-provisioner.dev/hostpath";
 
-/// No-op round trips to the blocking pool in the trips row: about what one hostpath provision
-/// makes (its `mkdir`, `stat` and metadata calls).
+/// No-op round trips to the blocking pool in the trips row: enough to read one trip's cost from
+/// (a hostpath provision makes 8-10, one per filesystem call of the guest or check of the host).
 const POOL_TRIPS: usize = 4;
 
 /// The hostpath guest's provision, written natively against the same builder the host uses.
@@ -142,7 +142,7 @@ fn main() {
         return;
     }
     // The hop plus four no-op round trips to the guest threads' blocking pool, where every
-    // filesystem call of a guest goes (a hostpath provision makes 3-4): what one such trip costs.
+    // filesystem call of a guest goes: what one such trip costs.
     let pool_trips = || {
         runtime
             .block_on(hop.run(async {
