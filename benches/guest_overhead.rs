@@ -23,7 +23,9 @@ use wasm_provisioner::wasm::{Grants, WasmEngine, load_dir};
 const PROVISIONER: &str = "bench.wasm-provisioner.dev/hostpath";
 
 /// No-op round trips to the blocking pool in the trips row: enough to read one trip's cost from
-/// (a hostpath provision makes 8-10, one per filesystem call of the guest or check of the host).
+/// (a hostpath provision as `run` makes it makes one, the host's check of the returned path on
+/// disk; on the caller's thread, the pooled rows, each filesystem call of the guest is one more,
+/// 8-10 in all).
 const POOL_TRIPS: usize = 4;
 
 /// The hostpath guest's provision, written natively against the same builder the host uses.
@@ -141,8 +143,9 @@ fn main() {
         println!("{iterations} calls as `run` makes them");
         return;
     }
-    // The hop plus four no-op round trips to the guest threads' blocking pool, where every
-    // filesystem call of a guest goes: what one such trip costs.
+    // The hop plus four no-op round trips to the guest executor's blocking pool, where the
+    // host's check of a returned path goes (and every filesystem call of a guest called off the
+    // executor): what one such trip costs.
     let pool_trips = || {
         runtime
             .block_on(hop.run(async {
@@ -206,6 +209,6 @@ fn main() {
     );
     let (trips_median, trips_p99) = summarize(trips);
     println!(
-        "| a no-op hopped onto the guest threads with {POOL_TRIPS} no-op blocking-pool round trips in it (each guest filesystem call is one) | {trips_median:.1} | {trips_p99:.1} | — | — |"
+        "| a no-op hopped onto the guest threads with {POOL_TRIPS} no-op blocking-pool round trips in it (the host's check of the path is one; off the executor, each guest filesystem call too) | {trips_median:.1} | {trips_p99:.1} | — | — |"
     );
 }

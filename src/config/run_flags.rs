@@ -56,10 +56,12 @@ pub struct GuestArgs {
     /// Instance allocation: `auto` uses the pooling allocator when the address space allows it.
     #[arg(long, value_enum, default_value_t = crate::wasm::Pooling::Auto)]
     pub pooling: crate::wasm::Pooling,
-    /// Threads that run guest code, apart from the controller's own (default: one per CPU).
+    /// Worker threads of the guest executor, apart from the controller's own (default: one per
+    /// CPU): they drive the guest calls' timers, while each call runs on a thread of its own.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub guest_threads: Option<u16>,
-    /// How much nicer (lower CPU priority) guest threads are than the controller, 0..=19: a
+    /// How much nicer (lower CPU priority) guest threads (the calls' and the workers') are than
+    /// the controller, 0..=19: a
     /// guest spinning until its deadline then never delays watches, reconciles or lease renewals.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i32).range(0..=19))]
     pub guest_nice: i32,

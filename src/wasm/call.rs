@@ -19,6 +19,7 @@ use super::bindings::{
 };
 use super::capabilities::Capabilities;
 use super::errors::{CallError, FaultKind, error_label};
+use super::fs_view::FsWork;
 use super::grants::{DirAccess, Grants};
 use super::handles::{HandleCapHit, Lingering, TABLE_ENTRIES_PER_CALL};
 use super::host::GuestState;
@@ -224,20 +225,24 @@ pub(super) struct CallSite<'g> {
 
 impl CallSite<'_> {
     /// A fresh store for one call: the granted directories preopened, output captured and
-    /// bounded, the limiter, the hostcall fuel and the epoch deadline at `deadline`.
+    /// bounded, the limiter, the hostcall fuel and the epoch deadline at `deadline`; its
+    /// filesystem work runs where `work` says.
     pub(super) fn new_store(
         &self,
         engine: &Engine,
         deadline: Instant,
+        work: FsWork,
     ) -> Result<(Store<GuestState>, Output), CallError> {
         let stdout = BoundedOutput::new(self.grants.output_bytes);
         let stderr = BoundedOutput::new(self.grants.output_bytes);
         let mut wasi = WasiCtx::builder();
-        // Every filesystem call goes to the blocking pool ([`super::sandbox_fs`]).
+        // wasmtime-wasi's own filesystem calls (on the preopens, and on what `open-at` opens)
+        // run where the guard's do ([`super::sandbox_fs`]); set before the preopens, which
+        // take it when they are opened.
         wasi.stdout(stdout.clone())
             .stderr(stderr.clone())
             .max_random_size(RANDOM_BYTES)
-            .allow_blocking_current_thread(false);
+            .allow_blocking_current_thread(work.inline());
         for dir in &self.grants.dirs {
             let perms = match dir.access {
                 DirAccess::ReadOnly => FsPerms::ReadOnly,
@@ -256,6 +261,7 @@ impl CallSite<'_> {
             self.grants.clone(),
             wasi.build(),
             self.lingering.clone(),
+            work,
         );
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limiter);

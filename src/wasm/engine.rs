@@ -446,6 +446,7 @@ impl WasmEngine {
             .map_err(|e| link_err(e.into()))?;
         Ok(Guest {
             lingering: Default::default(),
+            clock: None,
             name: name.into(),
             pool_slots: self.pool_slots.clone(),
             pool_units: pool_units(grants.instances, grants.memories),

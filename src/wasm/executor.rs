@@ -1,20 +1,19 @@
-//! Guest code runs on threads of its own, at a lower CPU priority than the controller.
+//! Guest calls run on threads of their own, at a lower CPU priority than the controller.
 //!
 //! A guest that spins until its deadline then only takes CPU nobody else wants: the
 //! controller's watches, reconcile loops and lease renewals (and whatever else shares the node,
-//! such as the kubelet or, on a test machine, the control plane) go first. Guests do not slow
-//! each other either: a spinning guest yields at every epoch tick, so the executor's threads are
-//! shared between all calls in flight.
+//! such as the kubelet or, on a test machine, the control plane) go first.
 //!
-//! A call into an idle executor asks the kernel to wake the guest thread on the CPU the caller
-//! runs on, which is about to wait for the result anyway: the hand-off is then a switch on one
-//! CPU instead of the wake-up of an idle one (tens of microseconds on a virtual machine, and
-//! again for the caller on the way back). The thread drops that pin as soon as it runs, and a
-//! busy executor is left alone, so calls under load spread over the threads as before.
+//! Each call takes a thread of the executor's pool for its whole length, its filesystem work
+//! included ([`super::fs_view::FsWork`]): one hand-off there and back per call rather than one
+//! per filesystem operation, each of which woke two or three threads (on a virtual machine, an
+//! idle vCPU each). A call blocked in the kernel on a pod's lock then holds only its own thread,
+//! and its caller gives up on it at its deadline ([`super::call_clock`]): other calls, of this
+//! guest or another, never wait behind it. The executor's worker threads only drive the calls'
+//! timers. The guest's `max-concurrency` bounds its calls (and so its threads) in flight.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::runtime::{Handle, Runtime};
 use tokio::task::JoinError;
@@ -22,9 +21,10 @@ use tokio::task::JoinError;
 /// How the guest executor is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExecutorOptions {
-    /// Worker threads running guest code.
+    /// Worker threads driving the calls' timers (each call runs on a thread of its own).
     pub threads: usize,
-    /// How much nicer than the process those threads are (0..=19; 0 keeps the same priority).
+    /// How much nicer than the process the executor's threads are (0..=19; 0 keeps the same
+    /// priority).
     pub nice: i32,
 }
 
@@ -46,9 +46,6 @@ pub struct GuestExecutor {
 struct Threads {
     runtime: Option<Runtime>,
     handle: Handle,
-    /// Calls queued or running.
-    in_flight: Arc<AtomicUsize>,
-    steering: Arc<Steering>,
 }
 
 impl Drop for Threads {
@@ -65,164 +62,35 @@ impl GuestExecutor {
     /// Starts the executor's threads.
     pub fn new(options: ExecutorOptions) -> std::io::Result<GuestExecutor> {
         let nice = options.nice.clamp(0, 19);
-        let steering = Arc::new(Steering::new());
-        let (parking, unparked) = (steering.clone(), steering.clone());
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(options.threads.max(1))
             .thread_name("wasm-guest")
             .enable_all()
+            // Every thread, the pool's that run the calls among them.
             .on_thread_start(move || lower_priority(nice))
-            .on_thread_park(move || parking.parking())
-            .on_thread_unpark(move || unparked.release())
             .build()?;
         let handle = runtime.handle().clone();
         Ok(GuestExecutor {
             inner: Arc::new(Threads {
                 runtime: Some(runtime),
                 handle,
-                in_flight: Arc::new(AtomicUsize::new(0)),
-                steering,
             }),
         })
     }
 
-    /// Runs `call` on the executor and waits for it. Dropping the returned future does not
-    /// cancel the call: it runs to its end (bounded by the guest's deadline), like a call that
-    /// was already writing storage should.
+    /// Runs `call` on a thread of its own and waits for it. Dropping the returned future does
+    /// not cancel the call: it runs to its end (bounded by the guest's deadline, or by the
+    /// kernel for a call blocked there), like a call that was already writing storage should.
     pub async fn run<R: Send + 'static>(
         &self,
         call: impl Future<Output = R> + Send + 'static,
     ) -> Result<R, JoinError> {
-        let in_flight = InFlight::enter(&self.inner.in_flight);
-        if in_flight.first {
-            self.inner.steering.wake_here();
-        }
-        let steering = self.inner.steering.clone();
+        let handle = self.inner.handle.clone();
         self.inner
             .handle
-            .spawn(async move {
-                // The thread that took the call may not have parked in between.
-                steering.release();
-                let _in_flight = in_flight;
-                call.await
-            })
+            .spawn_blocking(move || handle.block_on(call))
             .await
     }
-}
-
-/// Counts a call until its task ends (or is dropped with the runtime).
-struct InFlight {
-    count: Arc<AtomicUsize>,
-    /// Nothing else was in flight: the threads are parked, or about to be.
-    first: bool,
-}
-
-impl InFlight {
-    fn enter(count: &Arc<AtomicUsize>) -> InFlight {
-        let first = count.fetch_add(1, Ordering::AcqRel) == 0;
-        InFlight {
-            count: count.clone(),
-            first,
-        }
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.count.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Where the next guest thread wakes up: the one that parked last (tokio wakes the most
-/// recently parked worker first) is pinned to the caller's CPU until it runs. At most one
-/// worker is pinned at a time; all of it is best effort (a miss only costs the wake-up it
-/// tried to save).
-#[cfg(target_os = "linux")]
-struct Steering {
-    /// The CPUs the threads may run on (the creating thread's, e.g. a cgroup's cpuset).
-    allowed: Option<rustix::thread::CpuSet>,
-    /// Thread id of the worker that parked last (0: none yet).
-    last_parked: std::sync::atomic::AtomicI32,
-    /// Thread id of the worker pinned now (0: none).
-    pinned: std::sync::atomic::AtomicI32,
-}
-
-#[cfg(target_os = "linux")]
-impl Steering {
-    fn new() -> Steering {
-        Steering {
-            allowed: rustix::thread::sched_getaffinity(None).ok(),
-            last_parked: 0.into(),
-            pinned: 0.into(),
-        }
-    }
-
-    /// On a worker about to park.
-    fn parking(&self) {
-        self.last_parked.store(
-            rustix::thread::gettid().as_raw_nonzero().get(),
-            Ordering::Release,
-        );
-    }
-
-    /// On the caller: pins the worker that will take the call to this CPU.
-    fn wake_here(&self) {
-        let Some(allowed) = &self.allowed else {
-            return;
-        };
-        let raw = self.last_parked.load(Ordering::Acquire);
-        let Some(worker) = rustix::thread::Pid::from_raw(raw) else {
-            return;
-        };
-        let cpu = rustix::thread::sched_getcpu();
-        if !allowed.is_set(cpu) {
-            return;
-        }
-        // A worker pinned earlier that tokio did not wake is unpinned here, so no pin outlives
-        // the next call.
-        let earlier = self.pinned.swap(raw, Ordering::AcqRel);
-        if earlier != raw
-            && let Some(earlier) = rustix::thread::Pid::from_raw(earlier)
-        {
-            let _ = rustix::thread::sched_setaffinity(Some(earlier), allowed);
-        }
-        let mut here = rustix::thread::CpuSet::new();
-        here.set(cpu);
-        if rustix::thread::sched_setaffinity(Some(worker), &here).is_err() {
-            let _ = self
-                .pinned
-                .compare_exchange(raw, 0, Ordering::AcqRel, Ordering::Acquire);
-        }
-    }
-
-    /// On a worker that runs again: back to every CPU it may use, if it was pinned.
-    fn release(&self) {
-        let me = rustix::thread::gettid().as_raw_nonzero().get();
-        if self.pinned.load(Ordering::Acquire) != me
-            || self
-                .pinned
-                .compare_exchange(me, 0, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-        {
-            return;
-        }
-        if let Some(allowed) = &self.allowed {
-            let _ = rustix::thread::sched_setaffinity(None, allowed);
-        }
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-struct Steering;
-
-#[cfg(not(target_os = "linux"))]
-impl Steering {
-    fn new() -> Steering {
-        Steering
-    }
-    fn parking(&self) {}
-    fn wake_here(&self) {}
-    fn release(&self) {}
 }
 
 /// Makes the calling thread `nice` steps nicer than it is (Linux schedules threads one by one).
@@ -281,6 +149,7 @@ mod tests {
         })
         .expect("executor");
         let caller = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
             .build()
             .expect("runtime");
         (executor, caller)
@@ -297,9 +166,10 @@ mod tests {
     }
 
     #[test]
-    fn a_call_does_not_wait_behind_a_busy_guest_thread() {
+    fn a_call_does_not_wait_behind_a_busy_one() {
+        // One worker thread: each call still has a thread of its own.
         let executor = GuestExecutor::new(ExecutorOptions {
-            threads: 2,
+            threads: 1,
             nice: 0,
         })
         .expect("executor");
@@ -308,7 +178,8 @@ mod tests {
             .enable_all()
             .build()
             .expect("runtime");
-        // The first call holds its thread, like a guest spinning between two epoch ticks.
+        // The first call holds its thread, like a guest spinning between two epoch ticks or a
+        // filesystem call blocked in the kernel.
         let (release, held) = std::sync::mpsc::channel::<()>();
         let (started, busy_thread) = tokio::sync::oneshot::channel();
         let busy = caller.spawn({
@@ -341,21 +212,40 @@ mod tests {
     }
 
     #[test]
-    fn a_call_runs_on_every_allowed_cpu_not_pinned_to_the_callers() {
-        let allowed = rustix::thread::sched_getaffinity(None).expect("affinity");
+    fn a_call_blocked_on_its_thread_keeps_the_timers_of_the_others_running() {
         let (executor, caller) = one_thread_at_nice_zero();
-        for _ in 0..3 {
-            let during = caller
-                .block_on(
-                    executor
-                        .run(async { rustix::thread::sched_getaffinity(None).expect("affinity") }),
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (started, running) = tokio::sync::oneshot::channel();
+        let blocked = caller.spawn({
+            let executor = executor.clone();
+            async move {
+                executor
+                    .run(async move {
+                        let _ = started.send(());
+                        held.recv()
+                    })
+                    .await
+            }
+        });
+        caller.block_on(running).expect("the blocked call started");
+        // A call that sleeps needs the executor's one worker to drive its timer while the
+        // other call holds its thread in a blocking wait.
+        let slept = caller
+            .block_on(async {
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(5),
+                    executor.run(tokio::time::sleep(std::time::Duration::from_millis(20))),
                 )
-                .expect("the call ran");
-            assert!(
-                during == allowed,
-                "the wake-up pin is dropped once the call starts"
-            );
-        }
+                .await
+            })
+            .expect("the sleeping call ended while the other one was blocked");
+        slept.expect("the call ran");
+        release.send(()).expect("the blocked call is waiting");
+        caller
+            .block_on(blocked)
+            .expect("joined")
+            .expect("ran")
+            .expect("released");
     }
 
     #[tokio::test]

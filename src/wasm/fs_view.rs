@@ -1,7 +1,8 @@
 //! The guarded filesystem's primitives, below the WASI functions it overrides (in
 //! `sandbox_fs.rs`): the view a store's filesystem is reached through and the
-//! descriptors behind its handles, opening beneath a directory without blocking, and running
-//! work on the blocking pool where the call's deadline can end the wait.
+//! descriptors behind its handles, opening beneath a directory without blocking, and where the
+//! work runs (the call's own thread or the blocking pool) so that the call's deadline can end
+//! the wait.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -17,25 +18,56 @@ use wasmtime_wasi::p2::{DynInputStream, DynOutputStream, FsError, FsResult};
 
 use super::handles::FsGuard;
 
-/// Runs `work` on the blocking pool and maps its I/O error to the guest's error code.
-pub(super) async fn on_pool(
-    what: &str,
-    work: impl FnOnce() -> std::io::Result<()> + Send + 'static,
-) -> FsResult<()> {
-    blocking(what, work)
-        .await?
-        .map_err(|e| ErrorCode::from(e).into())
+/// Where a call's filesystem work runs: on the thread the call runs on, when the call has a
+/// thread of its own whose caller enforces the deadline from outside (the guest executor,
+/// [`super::executor`]), or else on the blocking pool, where the call's own timeout can end
+/// the wait. Either way a system call blocked on a pod's lock outlives the call and is charged
+/// to its guest ([`super::handles`]).
+#[derive(Debug, Clone, Copy)]
+pub enum FsWork {
+    /// A round trip to the blocking pool per operation.
+    Pool,
+    /// On the call's thread; no new operation starts after `deadline` (the call is over: its
+    /// caller has given up on it, and the guest traps at its next epoch check).
+    Inline {
+        /// The call's deadline.
+        deadline: std::time::Instant,
+    },
 }
 
-/// Runs `work` on the blocking pool, where the call's deadline can end the wait (the thread
-/// goes on until the kernel returns; what it holds is counted, [`super::handles`]).
-pub(super) async fn blocking<R: Send + 'static>(
-    what: &str,
-    work: impl FnOnce() -> R + Send + 'static,
-) -> FsResult<R> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| FsError::trap(wasmtime::Error::msg(format!("{what}: {e}"))))
+impl FsWork {
+    /// Whether wasmtime-wasi may block the current thread for the call's files too.
+    pub fn inline(self) -> bool {
+        matches!(self, FsWork::Inline { .. })
+    }
+
+    /// Runs `work` and maps its I/O error to the guest's error code.
+    pub(super) async fn io(
+        self,
+        what: &str,
+        work: impl FnOnce() -> std::io::Result<()> + Send + 'static,
+    ) -> FsResult<()> {
+        self.run(what, work)
+            .await?
+            .map_err(|e| ErrorCode::from(e).into())
+    }
+
+    /// Runs `work` where this call's filesystem work runs.
+    pub(super) async fn run<R: Send + 'static>(
+        self,
+        what: &str,
+        work: impl FnOnce() -> R + Send + 'static,
+    ) -> FsResult<R> {
+        match self {
+            FsWork::Inline { deadline } if std::time::Instant::now() >= deadline => Err(
+                FsError::trap(wasmtime::Error::from(wasmtime::Trap::Interrupt)),
+            ),
+            FsWork::Inline { .. } => Ok(work()),
+            FsWork::Pool => tokio::task::spawn_blocking(work)
+                .await
+                .map_err(|e| FsError::trap(wasmtime::Error::msg(format!("{what}: {e}")))),
+        }
+    }
 }
 
 /// wasmtime-wasi's filesystem view plus the guard.
@@ -189,5 +221,49 @@ pub(super) fn open_beneath(
         }
         // FIFO, socket, character or block device: a host thread must never wait on one.
         _ => Err(ErrorCode::Access),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[tokio::test]
+    async fn inline_work_runs_on_the_calls_thread_and_pool_work_does_not() {
+        let here = std::thread::current().id();
+        let inline = FsWork::Inline {
+            deadline: Instant::now() + Duration::from_secs(60),
+        };
+        let ran_on = |work: FsWork| async move {
+            work.run("probe", || std::thread::current().id())
+                .await
+                .expect("ran")
+        };
+        assert_eq!(ran_on(inline).await, here);
+        assert_ne!(ran_on(FsWork::Pool).await, here);
+    }
+
+    #[tokio::test]
+    async fn no_inline_work_starts_past_the_deadline() {
+        let over = FsWork::Inline {
+            deadline: Instant::now(),
+        };
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let outcome = over
+            .run("probe", {
+                let ran = ran.clone();
+                move || ran.store(true, std::sync::atomic::Ordering::Relaxed)
+            })
+            .await;
+        let error = outcome
+            .expect_err("refused")
+            .downcast()
+            .expect_err("a trap");
+        assert_eq!(
+            error.downcast_ref::<wasmtime::Trap>(),
+            Some(&wasmtime::Trap::Interrupt)
+        );
+        assert!(!ran.load(std::sync::atomic::Ordering::Relaxed));
     }
 }

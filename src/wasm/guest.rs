@@ -3,15 +3,20 @@
 //!
 //! ```text
 //! provision / delete / should-provision / should-delete / supported (capabilities) / supports-block
-//!   ─▶ dispatch (guest threads) ─▶ Guest::call::<Export>
-//!        slot (guest, pool) ─▶ fresh Store: grants, limiter, fs guard, fuel, epoch deadline
-//!        ─▶ timeout( instantiate ─▶ Export::invoke ) ─▶ finish: log output, classify, metrics
+//!   ─▶ dispatch: a thread of its own, the caller waiting against the call's clock
+//!      ─▶ Guest::call::<Export>
+//!        slot (guest, pool; refused when stuck calls hold every slot)
+//!        ─▶ fresh Store: grants, limiter, fs guard, fuel, epoch deadline ─▶ clock started
+//!        ─▶ timeout( instantiate ─▶ Export::invoke ) ─▶ clock stopped (given up on? a fault)
+//!        ─▶ finish: log output, classify, metrics
 //! provision only ─▶ the spec against the grants, the selected node, and the path on disk
 //! ```
 //!
 //! Each call gets its own `Store` with the guest's grants (preopens only, no network, no
 //! environment), a memory cap, an epoch deadline measured against the wall clock, and an async
-//! timeout around the whole call so time spent in host functions counts too. A trap is a
+//! timeout around the whole call so time spent in host functions counts too; the caller waits
+//! against the same deadline, which holds even while a host function is blocked in the kernel
+//! ([`super::call_clock`]). A trap is a
 //! [`CallError::Fault`], distinct from the typed errors the guest returns on purpose.
 
 use std::path::{Path, PathBuf};
@@ -33,10 +38,12 @@ use super::call::{
     ASYNC_TIMEOUT_MARGIN, CallOutcome, CallSite, Delete, Export, Output, Provision, ProvisionClone,
     ShouldDelete, ShouldProvision, Supported, SupportsBlock,
 };
+use super::call_clock::{Abandoned, CallClock};
 use super::capabilities::{Capabilities, Capability};
 use super::contract::ContractInfo;
 use super::errors::{CallError, FaultKind, error_label};
 use super::executor::GuestExecutor;
+use super::fs_view::FsWork;
 use super::grants::{DirAccess, Grants};
 use super::handles::Lingering;
 use super::host::GuestState;
@@ -77,8 +84,12 @@ pub struct Guest {
     pub(super) capabilities: Option<wasmtime::component::ComponentExportIndex>,
     pub(super) metrics: Option<Metrics>,
     pub(super) executor: Option<GuestExecutor>,
-    /// Filesystem operations its ended calls left running ([`super::handles`]).
+    /// Filesystem operations its ended calls left running, and its calls stuck in the kernel
+    /// past their deadline ([`super::handles`]).
     pub(super) lingering: Arc<Lingering>,
+    /// The clock of the dispatch this clone runs for, on the clone a dispatch hands to the
+    /// executor: its caller keeps the deadline ([`super::call_clock`]).
+    pub(super) clock: Option<Arc<CallClock>>,
 }
 
 impl Guest {
@@ -119,8 +130,11 @@ impl Guest {
 
     /// Whether every concurrency slot is taken: a caller that should not wait in line (a
     /// reconcile worker shared with other guests) can come back later instead.
+    /// Not when calls stuck in the kernel hold every slot: the caller's call is then refused
+    /// at once with the reason, for its claim's events.
     pub fn at_capacity(&self) -> bool {
         self.semaphore.available_permits() == 0
+            && self.lingering.stuck_calls() < self.grants.max_concurrency
     }
 
     /// Calls `provision` and validates the returned volume: against the grants, against the
@@ -406,13 +420,19 @@ impl Guest {
     /// deadline, then logs, classifies and counts the outcome.
     pub(super) async fn call<E: Export>(&self, export: E) -> Result<E::Output, CallError> {
         let mut scope = self.begin().await?;
+        if let Some(clock) = &self.clock {
+            clock.start(E::OPERATION, scope.timeout, ASYNC_TIMEOUT_MARGIN);
+        }
         let store = &mut scope.store;
         let outcome = tokio::time::timeout(scope.timeout + ASYNC_TIMEOUT_MARGIN, async {
             let instance = self.pre.instantiate_async(&mut *store).await?;
             export.invoke(&mut *store, &instance).await
         })
-        .await;
-        scope.finish(E::OPERATION, outcome)
+        .await
+        .ok();
+        // A call its caller gave up on is over, whatever the guest returned since.
+        let abandoned = self.clock.as_ref().and_then(|clock| clock.stop().err());
+        scope.finish(E::OPERATION, outcome.filter(|_| abandoned.is_none()))
     }
 
     /// The guest's part of one call ([`super::call`]).
@@ -440,11 +460,7 @@ impl Guest {
                 ),
             ));
         }
-        let permit = self
-            .semaphore
-            .acquire()
-            .await
-            .expect("guest semaphore is never closed");
+        let permit = self.slot().await?;
         let pool_slot = match &self.pool_slots {
             Some(slots) => Some(
                 slots
@@ -456,9 +472,15 @@ impl Guest {
             None => None,
         };
         let timeout = self.grants.call_timeout;
-        let (store, output) = self
-            .site()
-            .new_store(self.pre.engine(), Instant::now() + timeout)?;
+        let deadline = Instant::now() + timeout;
+        // On a thread of its own, whose caller keeps the deadline, the call's filesystem work
+        // runs right there; else each operation goes to the blocking pool, where the call's
+        // own timeout can end the wait.
+        let work = match &self.clock {
+            Some(_) => FsWork::Inline { deadline },
+            None => FsWork::Pool,
+        };
+        let (store, output) = self.site().new_store(self.pre.engine(), deadline, work)?;
         Ok(CallScope {
             guest: self,
             started: Instant::now(),
@@ -470,7 +492,36 @@ impl Guest {
         })
     }
 
-    /// Runs a call on the guest executor when there is one, else right here.
+    /// Waits for a concurrency slot, unless every slot is held by a call stuck in the kernel
+    /// past its deadline (those keep theirs until the kernel lets them go: the instance and
+    /// the thread are still in use).
+    async fn slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, CallError> {
+        loop {
+            let changed = self.lingering.stuck_changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let stuck = self.lingering.stuck_calls();
+            if stuck >= self.grants.max_concurrency {
+                return Err(self.fault(
+                    FaultKind::Deadline,
+                    format!(
+                        "all {stuck} call slots of this guest (limits.max-concurrency) are held by earlier calls still blocked in the kernel past their deadline (a file or directory locked by another process?); no new call until one ends"
+                    ),
+                ));
+            }
+            tokio::select! {
+                permit = self.semaphore.acquire() => {
+                    return Ok(permit.expect("guest semaphore is never closed"));
+                }
+                () = changed => {}
+            }
+        }
+    }
+
+    /// Runs a call on the guest executor when there is one, else right here. On the executor
+    /// the call has a thread of its own and this caller keeps its deadline: a call still
+    /// running past it (blocked in the kernel) is given up on and charged to the guest until
+    /// its thread ends ([`super::call_clock`]).
     pub(super) async fn dispatch<R, F>(&self, call: impl FnOnce(Guest) -> F) -> Result<R, CallError>
     where
         F: std::future::Future<Output = Result<R, CallError>> + Send + 'static,
@@ -479,13 +530,32 @@ impl Guest {
         let Some(executor) = &self.executor else {
             return call(self.clone()).await;
         };
-        match executor.run(call(self.clone())).await {
-            Ok(result) => result,
-            Err(error) => Err(self.fault(
-                FaultKind::Host,
-                format!("the call ended without a result: {error}"),
-            )),
+        let clock = CallClock::new(self.lingering.clone());
+        let mut guest = self.clone();
+        guest.clock = Some(clock.clone());
+        let running = executor.run(call(guest));
+        tokio::pin!(running);
+        tokio::select! {
+            biased;
+            joined = &mut running => match joined {
+                Ok(result) => result,
+                Err(error) => Err(self.fault(
+                    FaultKind::Host,
+                    format!("the call ended without a result: {error}"),
+                )),
+            },
+            abandoned = clock.overrun(self.grants.call_timeout + ASYNC_TIMEOUT_MARGIN) => {
+                Err(self.overran(abandoned))
+            }
         }
+    }
+
+    /// The fault of a call that did not finish within its deadline.
+    fn overran(&self, Abandoned { operation, timeout }: Abandoned) -> CallError {
+        self.fault(
+            FaultKind::Deadline,
+            format!("{operation} did not finish within {timeout:?} (blocked in a host call)"),
+        )
     }
 }
 
@@ -506,7 +576,7 @@ impl CallScope<'_> {
     fn finish<R: CallOutcome>(
         self,
         operation: &'static str,
-        outcome: Result<wasmtime::Result<R>, tokio::time::error::Elapsed>,
+        outcome: Option<wasmtime::Result<R>>,
     ) -> Result<R, CallError> {
         let guest = self.guest;
         guest
@@ -535,19 +605,16 @@ impl CallScope<'_> {
     fn classify_outcome<R>(
         &self,
         operation: &'static str,
-        outcome: Result<wasmtime::Result<R>, tokio::time::error::Elapsed>,
+        outcome: Option<wasmtime::Result<R>>,
     ) -> Result<R, CallError> {
         let guest = self.guest;
         match outcome {
-            Err(_) => Err(guest.fault(
-                FaultKind::Deadline,
-                format!(
-                    "{operation} did not finish within {:?} (blocked in a host call)",
-                    self.timeout
-                ),
-            )),
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(guest.site().classify(
+            None => Err(guest.overran(Abandoned {
+                operation,
+                timeout: self.timeout,
+            })),
+            Some(Ok(value)) => Ok(value),
+            Some(Err(error)) => Err(guest.site().classify(
                 operation,
                 error,
                 &self.store,

@@ -1,27 +1,28 @@
 //! What a guest's calls make the host keep: open files and directories, their streams,
-//! listings, and filesystem operations still running on the blocking pool, counted per call
-//! and, for operations a call left behind, per guest.
+//! listings, and filesystem operations still running, counted per call and, for operations and
+//! calls blocked in the kernel past their call's end, per guest.
 //!
 //! ```text
 //! open-at, read-directory, get-directories, *-via-stream
 //!   ─ handles of this call + operations its guest's ended calls left running ≥ cap? ─▶ trap
 //!   ─ a stream, and live streams at their cap? ─▶ trap                 (fault `descriptors`)
 //! call ends ─▶ what is still referenced (an operation blocked in the kernel) ─▶ [`Lingering`]
-//! next call of the guest ─ lingering at the cap? ─▶ refused before it starts
+//! caller gives up on a call blocked in the kernel ─▶ [`Lingering`]: one operation, one slot
+//! next call of the guest ─ lingering at the cap, or every slot stuck? ─▶ refused before it starts
 //! ```
 //!
 //! Why: every open file, directory and listing is one `Arc` that whatever uses it clones, the
-//! guest's descriptor, each stream of it and each operation in flight on the blocking pool
-//! alike. Counting those references counts what the process holds for the guest: descriptors,
+//! guest's descriptor, each stream of it and each operation in flight alike. Counting those references counts what the process holds for the guest: descriptors,
 //! stream buffers (up to 64 KiB each) and pool threads. A pod can hold an inode lock for as
 //! long as it likes, and an operation waiting on it outlives the call that started it (the
 //! call ends at its deadline, the thread does not): those are charged to the guest until they
-//! end, so one guest can never take the pool's threads from the others.
+//! end, so one guest can never take the threads, instances or descriptors of the others.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::dirstream::DirStream;
+use super::fs_view::FsWork;
 
 /// Streams one call may hold at once: each can keep a 64 KiB buffer and one blocking-pool
 /// thread (a read or write started in the background), which the handle count alone would let
@@ -94,10 +95,14 @@ fn close_on_pool(released: Vec<Held>) {
 }
 
 /// Filesystem operations a guest's ended calls left running (blocked in the kernel), shared by
-/// all its calls.
+/// all its calls; and the calls whose caller gave up on them at their deadline while their
+/// thread was blocked in the kernel, which keep their slot until the kernel lets them go.
 #[derive(Debug, Default)]
 pub struct Lingering {
     held: Mutex<Vec<Held>>,
+    stuck_calls: AtomicUsize,
+    /// Told whenever a call gets stuck or a stuck call ends.
+    stuck_changed: tokio::sync::Notify,
 }
 
 impl Lingering {
@@ -114,6 +119,31 @@ impl Lingering {
         }
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         held.append(&mut left);
+    }
+
+    /// Calls given up on whose threads are still blocked in the kernel.
+    pub fn stuck_calls(&self) -> usize {
+        self.stuck_calls.load(Ordering::Acquire)
+    }
+
+    /// A call was given up on while its thread runs on: the thread is charged as one
+    /// operation for as long as `running` lives (its thread holds it), and counted as stuck
+    /// until [`Lingering::call_ended`].
+    pub(super) fn call_stuck(&self, running: &Arc<AtomicUsize>) {
+        self.keep(vec![Held::Operation(Arc::downgrade(running))]);
+        self.stuck_calls.fetch_add(1, Ordering::AcqRel);
+        self.stuck_changed.notify_waiters();
+    }
+
+    /// A call given up on ended after all.
+    pub(super) fn call_ended(&self) {
+        self.stuck_calls.fetch_sub(1, Ordering::AcqRel);
+        self.stuck_changed.notify_waiters();
+    }
+
+    /// Resolves at the next change of [`Lingering::stuck_calls`] after it was made.
+    pub(super) fn stuck_changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.stuck_changed.notified()
     }
 }
 
@@ -144,6 +174,8 @@ pub struct FsGuard {
     /// The resource handles of the streams it made (checked against the table when counted).
     streams: Vec<u32>,
     lingering: Arc<Lingering>,
+    /// Where the call's filesystem work runs.
+    pub work: FsWork,
     /// Set when the guest tried to hold more than a cap allows.
     pub descriptors_hit: bool,
     /// Filesystem calls refused by the guard (links, special files), for the debug log.
@@ -159,6 +191,7 @@ impl FsGuard {
             held: Vec::new(),
             streams: Vec::new(),
             lingering,
+            work: FsWork::Pool,
             descriptors_hit: false,
             refused: 0,
         }

@@ -15,7 +15,7 @@ use super::bindings::types::{
 };
 use super::bindings::{VolumeSpecBuilder, host, types, volume_builder};
 use super::copy;
-use super::fs_view::SandboxFsView;
+use super::fs_view::{FsWork, SandboxFsView};
 use super::grants::Grants;
 use super::handles::{FsGuard, Lingering, TABLE_ENTRIES_PER_CALL};
 use super::output::printable;
@@ -148,15 +148,18 @@ pub struct GuestState {
 
 impl GuestState {
     /// State for one call of `guest` under `grants`, with a prepared WASI context;
-    /// `lingering` is what the guest's ended calls left running, charged to this one too.
+    /// `lingering` is what the guest's ended calls left running, charged to this one too, and
+    /// `work` where its filesystem work runs.
     pub fn new(
         guest: Arc<str>,
         grants: Arc<Grants>,
         wasi: WasiCtx,
         lingering: Arc<Lingering>,
+        work: FsWork,
     ) -> Self {
         let limiter = CallLimiter::new(&grants);
-        let fs_guard = FsGuard::new(grants.descriptors, lingering);
+        let mut fs_guard = FsGuard::new(grants.descriptors, lingering);
+        fs_guard.work = work;
         let log_bytes_left = grants.log_bytes;
         let mut table = ResourceTable::new();
         table.set_max_capacity(TABLE_ENTRIES_PER_CALL);
@@ -456,6 +459,7 @@ mod tests {
             Arc::new(grants),
             WasiCtx::builder().build(),
             Default::default(),
+            FsWork::Pool,
         )
     }
 

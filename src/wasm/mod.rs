@@ -3,6 +3,7 @@
 pub mod bindings;
 pub mod cache;
 pub mod call;
+mod call_clock;
 pub mod capabilities;
 pub mod compile_queue;
 pub mod compiler;

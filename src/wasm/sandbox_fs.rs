@@ -3,11 +3,12 @@
 //!
 //! Linked over wasmtime-wasi's own definition (see [`add_to_linker`]); every function delegates
 //! to it except where the guard has something to say (the primitives these overrides share,
-//! the guarded view, opening beneath a directory and the blocking pool, are in
+//! the guarded view, opening beneath a directory and where the work runs, are in
 //! [`super::fs_view`]):
 //!
 //! ```text
-//! every call that touches the filesystem ─▶ on the blocking pool, never on the guest thread
+//! every call that touches the filesystem ─▶ on the call's own thread (its caller keeps the
+//!                                          deadline), or the blocking pool off the executor
 //! symlink-at ───────────────────────────────▶ refused (not-permitted)
 //! rename-at ─ parents opened beneath, real paths read
 //!           ─ source a link, or source/destination a served path or above one? ─▶ refused
@@ -30,13 +31,14 @@
 //! (see `docs/threat-model.md`). Any call that names a path or an inode can wait on a lock a
 //! pod's process holds (a write stuck in the kernel holds its file's, a listing stuck on a
 //! fault its directory's) for as long as that process likes, on any filesystem: such a wait
-//! happens on a pool thread, where the call's deadline ends the call, and the thread it keeps
-//! is charged to the guest ([`super::handles`]) until the kernel lets it go.
+//! holds only the call's own thread, whose caller ends the call at its deadline
+//! ([`super::call_clock`]), and the call is charged to the guest ([`super::handles`]) until the
+//! kernel lets it go.
 
 use std::sync::{Arc, Mutex};
 
 use super::dirstream::{DirStream, SharedDirStream};
-use super::fs_view::{Opened, SandboxFsView, blocking, borrow, on_pool, open_beneath};
+use super::fs_view::{Opened, SandboxFsView, borrow, open_beneath};
 use super::handles::Held;
 use super::rename::{RenameError, checked_rename};
 
@@ -114,7 +116,10 @@ impl HostDescriptor for SandboxFsView<'_> {
 
     async fn sync_data(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
         let (file, _) = self.handle_of(&fd)?;
-        on_pool("sync-data", move || file.sync_data()).await
+        self.guard
+            .work
+            .io("sync-data", move || file.sync_data())
+            .await
     }
 
     async fn get_flags(&mut self, fd: Resource<Descriptor>) -> FsResult<DescriptorFlags> {
@@ -130,7 +135,10 @@ impl HostDescriptor for SandboxFsView<'_> {
         if perms.write_not_permitted() {
             return Err(ErrorCode::NotPermitted.into());
         }
-        on_pool("set-size", move || file.set_len(size)).await
+        self.guard
+            .work
+            .io("set-size", move || file.set_len(size))
+            .await
     }
 
     async fn set_times(
@@ -166,7 +174,11 @@ impl HostDescriptor for SandboxFsView<'_> {
     ) -> FsResult<Resource<types::DirectoryEntryStream>> {
         let (dir, _) = self.dir_of(&fd)?;
         self.guard.admit().map_err(FsError::trap)?;
-        let stream = blocking("read-directory", move || DirStream::open(&dir)).await??;
+        let stream = self
+            .guard
+            .work
+            .run("read-directory", move || DirStream::open(&dir))
+            .await??;
         let stream: SharedDirStream = Arc::new(Mutex::new(stream));
         self.guard.hold(Held::Listing(Arc::downgrade(&stream)));
         let handle = self.inner.table.push(stream)?;
@@ -176,7 +188,7 @@ impl HostDescriptor for SandboxFsView<'_> {
 
     async fn sync(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
         let (file, _) = self.handle_of(&fd)?;
-        on_pool("sync", move || file.sync_all()).await
+        self.guard.work.io("sync", move || file.sync_all()).await
     }
 
     async fn create_directory_at(
@@ -298,11 +310,19 @@ impl HostDescriptor for SandboxFsView<'_> {
             return Err(ErrorCode::NotPermitted.into());
         }
         let path = super::rawname::host_path(&path)?;
-        let opened = blocking("open-at", move || open_beneath(&dir, &path, os, want_dir)).await?;
-        // wasmtime-wasi runs what it does with them on the blocking pool too.
+        let opened = self
+            .guard
+            .work
+            .run("open-at", move || open_beneath(&dir, &path, os, want_dir))
+            .await?;
+        // wasmtime-wasi runs what it does with them where the guard's own calls run.
         let descriptor = match opened {
-            Ok(Opened::Dir(file)) => Descriptor::Dir(Dir::new(file, perms, mode, false)),
-            Ok(Opened::File(file)) => Descriptor::File(File::new(file, perms, mode, false)),
+            Ok(Opened::Dir(file)) => {
+                Descriptor::Dir(Dir::new(file, perms, mode, self.guard.work.inline()))
+            }
+            Ok(Opened::File(file)) => {
+                Descriptor::File(File::new(file, perms, mode, self.guard.work.inline()))
+            }
             Err(ErrorCode::Access) => return self.refuse(),
             Err(code) => return Err(code.into()),
         };
@@ -334,10 +354,12 @@ impl HostDescriptor for SandboxFsView<'_> {
         }
         let path = super::rawname::host_path(&path)?;
         // wasmtime-wasi's own removal (cap-primitives), on the pool, with the name mapped.
-        on_pool("remove-directory-at", move || {
-            cap_primitives::fs::remove_dir(&dir, &path)
-        })
-        .await
+        self.guard
+            .work
+            .io("remove-directory-at", move || {
+                cap_primitives::fs::remove_dir(&dir, &path)
+            })
+            .await
     }
 
     async fn rename_at(
@@ -358,10 +380,13 @@ impl HostDescriptor for SandboxFsView<'_> {
         }
         let old_path = super::rawname::host_path(&old_path)?;
         let new_path = super::rawname::host_path(&new_path)?;
-        let outcome = blocking("rename-at", move || {
-            checked_rename(&old_dir, &old_path, &new_dir, &new_path)
-        })
-        .await?;
+        let outcome = self
+            .guard
+            .work
+            .run("rename-at", move || {
+                checked_rename(&old_dir, &old_path, &new_dir, &new_path)
+            })
+            .await?;
         match outcome {
             Ok(()) => Ok(()),
             Err(RenameError::Code(code)) => Err(code.into()),
@@ -389,10 +414,12 @@ impl HostDescriptor for SandboxFsView<'_> {
         }
         let path = super::rawname::host_path(&path)?;
         // wasmtime-wasi's own unlink (cap-primitives), on the pool, with the name mapped.
-        on_pool("unlink-file-at", move || {
-            cap_primitives::fs::remove_file(&dir, &path)
-        })
-        .await
+        self.guard
+            .work
+            .io("unlink-file-at", move || {
+                cap_primitives::fs::remove_file(&dir, &path)
+            })
+            .await
     }
 
     fn read_via_stream(
@@ -459,13 +486,16 @@ impl HostDirectoryEntryStream for SandboxFsView<'_> {
     ) -> FsResult<Option<types::DirectoryEntry>> {
         let listing: Resource<SharedDirStream> = Resource::new_borrow(stream.rep());
         let listing = Arc::clone(self.inner.table.get(&listing)?);
-        let entry = blocking("read-directory-entry", move || {
-            listing
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .next_entry()
-        })
-        .await?;
+        let entry = self
+            .guard
+            .work
+            .run("read-directory-entry", move || {
+                listing
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .next_entry()
+            })
+            .await?;
         Ok(entry?)
     }
 

@@ -1,7 +1,7 @@
 //! A pod's process holding an inode lock (a write stuck in the kernel, a listing stuck on a
 //! fault) cannot keep a guest call past its deadline, take the guest threads, hold the served
-//! index, or delay another guest: every call that names a path or an inode waits on a pool
-//! thread, and what it leaves there is charged to its guest.
+//! index, or delay another guest: a call waiting in the kernel holds only its own thread, its
+//! caller gives up on it at the deadline, and what it keeps is charged to its guest.
 
 use super::*;
 use common::locks::HeldLock;
@@ -43,6 +43,19 @@ async fn locked_call(
     let request = n.request(claim, &[("attack", "locked"), ("op", op)]);
     let outcome = tokio::time::timeout(HELD, n.guest.provision(&request)).await;
     (started.elapsed(), outcome.ok())
+}
+
+/// Waits (5 s at most) until nothing the guest's calls left waiting on the lock is charged to
+/// it any more, once the lock went.
+async fn nothing_left_waiting(n: &NodeAttack, what: &str) {
+    let started = Instant::now();
+    while n.guest.lingering_operations() > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{what}: what waited on the lock ended with it"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 fn expect_deadline(
@@ -100,14 +113,7 @@ async fn a_call_waiting_on_a_lock_ends_at_its_deadline() {
             "{op}: the waiting thread is charged to the guest"
         );
         // Once the lock goes, so does the charge.
-        let started = Instant::now();
-        while n.guest.lingering_operations() > 0 {
-            assert!(
-                started.elapsed() < Duration::from_secs(5),
-                "{op}: the waiting operation ended with the lock"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        nothing_left_waiting(&n, op).await;
         for leftover in ["file.link", "file.renamed", "dir/made"] {
             let path = n.dir().join(leftover);
             if path.is_dir() {
@@ -182,5 +188,54 @@ async fn calls_blocked_on_every_guest_thread_leave_other_guests_serving() {
         median(before),
         median(during.clone()),
         during.iter().max().unwrap()
+    );
+}
+
+/// A call blocked in the kernel past its deadline keeps its slot (its instance and its thread
+/// are still in use): once every slot of the guest is held so, the next call is refused at once
+/// with a fault that says why, instead of waiting for the kernel; once the lock goes, the guest
+/// serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_stuck_past_their_deadline_keep_their_slots_and_a_full_guest_says_so() {
+    const SLOTS: usize = 2;
+    let (_engine, n) = attacker(1, SLOTS);
+    let file = n.dir().join("file");
+    std::fs::write(&file, b"pod data").unwrap();
+    let lock = HeldLock::hold("file", &file);
+    let n = Arc::new(n);
+    let stuck: Vec<_> = (0..SLOTS)
+        .map(|i| {
+            let n = n.clone();
+            tokio::spawn(async move { locked_call(&n, "write", &format!("stuck-{i}")).await })
+        })
+        .collect();
+    for call in stuck {
+        let (took, outcome) = call.await.unwrap();
+        expect_deadline("write", took, &outcome);
+    }
+    assert_eq!(n.guest.lingering_operations(), SLOTS);
+    let (took, outcome) = locked_call(&n, "write", "refused").await;
+    println!("with every slot stuck: {took:?}: {outcome:?}");
+    match outcome {
+        Some(Err(CallError::Fault { kind, message, .. })) => {
+            assert_eq!(kind, FaultKind::Deadline);
+            assert!(message.contains("call slots"), "{message}");
+        }
+        other => panic!("expected a refusal naming the stuck slots, got {other:?}"),
+    }
+    assert!(
+        took < Duration::from_millis(500),
+        "refused at once, not after a wait: {took:?}"
+    );
+    assert!(
+        !n.guest.at_capacity(),
+        "a claim is not told to wait for slots that only the kernel gives back"
+    );
+    lock.release();
+    nothing_left_waiting(&n, "the stuck calls").await;
+    let (_, outcome) = locked_call(&n, "write", "after").await;
+    assert!(
+        matches!(outcome, Some(Err(CallError::Guest { .. }))),
+        "the guest runs calls again (the attack reports what it did): {outcome:?}"
     );
 }

@@ -64,8 +64,8 @@ async fn the_example_class_keeps_tenants_apart_and_never_adopts_data() {
 }
 
 /// A pod's tree of any depth (past the descriptor cap, past PATH_MAX) and any number of entries
-/// is deleted, in one call or over a few that each leave less (50,000 files: one 5 s call while
-/// unlink ran on the guest's thread, two now that it runs on the blocking pool).
+/// is deleted, in one call or over a few that each leave less (50,000 files: two 5 s calls in a
+/// debug build).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volumes_a_pod_made_deep_or_huge_are_still_deleted() {
     let _alone = super::CPU_HEAVY.lock().await;
