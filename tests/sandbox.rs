@@ -19,6 +19,8 @@ mod node_disk;
 mod pins;
 #[path = "sandbox/pool.rs"]
 mod pool;
+#[path = "sandbox/priority.rs"]
+mod priority;
 #[path = "sandbox/racing_delete.rs"]
 mod racing_delete;
 #[path = "sandbox/resources.rs"]

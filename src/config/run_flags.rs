@@ -60,8 +60,8 @@ pub struct GuestArgs {
     /// CPU): they drive the guest calls' timers, while each call runs on a thread of its own.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub guest_threads: Option<u16>,
-    /// How much nicer (lower CPU priority) guest threads (the calls' and the workers') are than
-    /// the controller, 0..=19: a
+    /// How much nicer (lower CPU priority) than the controller a guest call's thread is once the
+    /// call has run past its first slice (10 ms), 0..=19: a
     /// guest spinning until its deadline then never delays watches, reconciles or lease renewals.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i32).range(0..=19))]
     pub guest_nice: i32,

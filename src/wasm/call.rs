@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{Instance, ResourceTableError};
@@ -19,6 +20,7 @@ use super::bindings::{
 };
 use super::capabilities::Capabilities;
 use super::errors::{CallError, FaultKind, error_label};
+use super::executor::FIRST_SLICE;
 use super::fs_view::FsWork;
 use super::grants::{DirAccess, Grants};
 use super::handles::{HandleCapHit, Lingering, TABLE_ENTRIES_PER_CALL};
@@ -226,12 +228,14 @@ pub(super) struct CallSite<'g> {
 impl CallSite<'_> {
     /// A fresh store for one call: the granted directories preopened, output captured and
     /// bounded, the limiter, the hostcall fuel and the epoch deadline at `deadline`; its
-    /// filesystem work runs where `work` says.
+    /// filesystem work runs where `work` says, and `long` is set once the call has run past
+    /// its first slice ([`super::executor::FIRST_SLICE`]).
     pub(super) fn new_store(
         &self,
         engine: &Engine,
         deadline: Instant,
         work: FsWork,
+        long: Option<Arc<AtomicBool>>,
     ) -> Result<(Store<GuestState>, Output), CallError> {
         let stdout = BoundedOutput::new(self.grants.output_bytes);
         let stderr = BoundedOutput::new(self.grants.output_bytes);
@@ -270,10 +274,18 @@ impl CallSite<'_> {
         // annotation or a log line, is a few hundred KiB; streams pass at most 64 KiB a call).
         store.set_hostcall_fuel(self.grants.memory_bytes.min(HOSTCALL_BYTES));
         store.set_epoch_deadline(1);
+        let started = Instant::now();
         store.epoch_deadline_callback(move |_| {
+            let now = Instant::now();
+            if let Some(long) = &long
+                && now.duration_since(started) >= FIRST_SLICE
+            {
+                // The yield below is where the executor moves it to the nicer threads.
+                long.store(true, Ordering::Release);
+            }
             // Compare with the wall clock rather than counting ticks, so a burst of late
             // ticks on a loaded machine cannot end a call early.
-            if Instant::now() >= deadline {
+            if now >= deadline {
                 Ok(UpdateDeadline::Interrupt)
             } else {
                 Ok(UpdateDeadline::Yield(1))

@@ -15,7 +15,7 @@
 //! a call that ends in time costs no wake-up of the caller but its result's; on a virtual
 //! machine each wake-up of an idle vCPU costs tens of microseconds).
 
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,8 @@ pub(super) struct CallClock {
     state: Mutex<ClockState>,
     /// 1 for as long as the call's thread holds the clock: what a stuck call is charged as.
     running: Arc<AtomicUsize>,
+    /// Set once the call has run past its first slice ([`super::executor::FIRST_SLICE`]).
+    pub(super) long: Arc<AtomicBool>,
     lingering: Arc<Lingering>,
 }
 
@@ -59,6 +61,7 @@ impl CallClock {
         Arc::new(CallClock {
             state: Mutex::default(),
             running: Arc::new(AtomicUsize::new(1)),
+            long: Arc::default(),
             lingering,
         })
     }

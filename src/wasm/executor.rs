@@ -1,30 +1,45 @@
-//! Guest calls run on threads of their own, at a lower CPU priority than the controller.
+//! Guest calls run on threads of their own: a short call at the controller's priority, a call
+//! that keeps running at a lower one.
 //!
 //! A guest that spins until its deadline then only takes CPU nobody else wants: the
 //! controller's watches, reconcile loops and lease renewals (and whatever else shares the node,
-//! such as the kubelet or, on a test machine, the control plane) go first.
+//! such as the kubelet or, on a test machine, the control plane) go first. A call that ends
+//! within its first slice of CPU ([`FIRST_SLICE`], most calls: a provision takes well under a
+//! millisecond) never waits behind busy cores at that lower priority: at nice 10 a thread gets
+//! about a tenth of a core next to one that is busy at nice 0, and every claim waits for its
+//! call.
 //!
 //! Each call takes a thread of the executor's pool for its whole length, its filesystem work
 //! included ([`super::fs_view::FsWork`]): one hand-off there and back per call rather than one
 //! per filesystem operation, each of which woke two or three threads (on a virtual machine, an
-//! idle vCPU each). A call blocked in the kernel on a pod's lock then holds only its own thread,
-//! and its caller gives up on it at its deadline ([`super::call_clock`]): other calls, of this
-//! guest or another, never wait behind it. The executor's worker threads only drive the calls'
-//! timers. The guest's `max-concurrency` bounds its calls (and so its threads) in flight.
+//! idle vCPU each). A call still running past its first slice is handed, between two epoch
+//! ticks, to a thread of the nicer pool (the priority of a thread cannot be raised again
+//! without privileges, so threads never go back). A call blocked in the kernel on a pod's lock
+//! holds only its own thread, and its caller gives up on it at its deadline
+//! ([`super::call_clock`]): other calls, of this guest or another, never wait behind it. The
+//! executor's worker threads only drive the calls' timers. The guests' `max-concurrency`
+//! bounds their calls (and so their threads) in flight.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
+use std::time::Duration;
 
 use tokio::runtime::{Handle, Runtime};
 use tokio::task::JoinError;
+
+/// CPU a call runs at the controller's priority before it moves to the nicer threads: a few
+/// times a provision's, and one epoch tick, the finest the engine checks at.
+pub const FIRST_SLICE: Duration = super::engine::EPOCH_TICK;
 
 /// How the guest executor is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExecutorOptions {
     /// Worker threads driving the calls' timers (each call runs on a thread of its own).
     pub threads: usize,
-    /// How much nicer than the process the executor's threads are (0..=19; 0 keeps the same
-    /// priority).
+    /// How much nicer than the process the threads of calls past their first slice are
+    /// (0..=19; 0 keeps the same priority).
     pub nice: i32,
 }
 
@@ -44,11 +59,47 @@ pub struct GuestExecutor {
 }
 
 struct Threads {
+    /// Calls start here, at the process's priority.
+    calls: Pool,
+    /// Calls past their first slice go on here, `nice` steps nicer.
+    long_calls: Pool,
+}
+
+/// A runtime whose blocking pool runs calls; its workers drive their timers.
+struct Pool {
     runtime: Option<Runtime>,
     handle: Handle,
 }
 
-impl Drop for Threads {
+impl Pool {
+    fn new(name: &str, threads: usize, nice: i32) -> std::io::Result<Pool> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name(name)
+            .enable_all()
+            // Every thread, the pool's that run the calls among them.
+            .on_thread_start(move || lower_priority(nice))
+            .build()?;
+        let handle = runtime.handle().clone();
+        Ok(Pool {
+            runtime: Some(runtime),
+            handle,
+        })
+    }
+
+    /// Runs `work` on a thread of the pool, inside the runtime.
+    async fn block_on<R: Send + 'static>(
+        &self,
+        work: impl Future<Output = R> + Send + 'static,
+    ) -> Result<R, JoinError> {
+        let handle = self.handle.clone();
+        self.handle
+            .spawn_blocking(move || handle.block_on(work))
+            .await
+    }
+}
+
+impl Drop for Pool {
     fn drop(&mut self) {
         // Dropping a runtime blocks, which tokio forbids inside another runtime; calls still in
         // flight are bounded by their deadlines anyway.
@@ -61,19 +112,11 @@ impl Drop for Threads {
 impl GuestExecutor {
     /// Starts the executor's threads.
     pub fn new(options: ExecutorOptions) -> std::io::Result<GuestExecutor> {
-        let nice = options.nice.clamp(0, 19);
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(options.threads.max(1))
-            .thread_name("wasm-guest")
-            .enable_all()
-            // Every thread, the pool's that run the calls among them.
-            .on_thread_start(move || lower_priority(nice))
-            .build()?;
-        let handle = runtime.handle().clone();
+        let threads = options.threads.max(1);
         Ok(GuestExecutor {
             inner: Arc::new(Threads {
-                runtime: Some(runtime),
-                handle,
+                calls: Pool::new("wasm-call", threads, 0)?,
+                long_calls: Pool::new("wasm-guest", threads, options.nice.clamp(0, 19))?,
             }),
         })
     }
@@ -85,11 +128,34 @@ impl GuestExecutor {
         &self,
         call: impl Future<Output = R> + Send + 'static,
     ) -> Result<R, JoinError> {
-        let handle = self.inner.handle.clone();
-        self.inner
-            .handle
-            .spawn_blocking(move || handle.block_on(call))
-            .await
+        self.run_sliced(call, Arc::default()).await
+    }
+
+    /// As [`GuestExecutor::run`], and once `long` is set (the call's first slice is over) the
+    /// call goes on on the nicer threads, from the next point it waits at (an epoch tick).
+    pub async fn run_sliced<R: Send + 'static>(
+        &self,
+        call: impl Future<Output = R> + Send + 'static,
+        long: Arc<AtomicBool>,
+    ) -> Result<R, JoinError> {
+        let mut call = Box::pin(call);
+        let first = self
+            .inner
+            .calls
+            .block_on(async move {
+                let sliced = std::future::poll_fn(|cx| match call.as_mut().poll(cx) {
+                    Poll::Ready(done) => Poll::Ready(Some(done)),
+                    Poll::Pending if long.load(Ordering::Acquire) => Poll::Ready(None),
+                    Poll::Pending => Poll::Pending,
+                })
+                .await;
+                sliced.ok_or(call)
+            })
+            .await?;
+        match first {
+            Ok(done) => Ok(done),
+            Err(call) => self.inner.long_calls.block_on(call).await,
+        }
     }
 }
 
@@ -119,7 +185,7 @@ mod tests {
     }
 
     #[test]
-    fn calls_run_on_nicer_threads_of_their_own() {
+    fn a_call_starts_at_the_callers_priority_and_goes_on_nicer_once_long() {
         let executor = GuestExecutor::new(ExecutorOptions {
             threads: 2,
             nice: 5,
@@ -130,14 +196,31 @@ mod tests {
             .build()
             .expect("runtime");
         let here = own_nice();
-        let (name, nice) = caller
-            .block_on(executor.run(async {
-                let name = std::thread::current().name().map(str::to_string);
-                (name, own_nice())
-            }))
+        let where_now = || {
+            (
+                std::thread::current().name().map(str::to_string),
+                own_nice(),
+            )
+        };
+        let long = Arc::new(AtomicBool::new(false));
+        let (first, then) = caller
+            .block_on(executor.run_sliced(
+                {
+                    let long = long.clone();
+                    async move {
+                        let first = where_now();
+                        // As the epoch callback does once the first slice is over, and the
+                        // yield that follows it.
+                        long.store(true, Ordering::Release);
+                        tokio::task::yield_now().await;
+                        (first, where_now())
+                    }
+                },
+                long,
+            ))
             .expect("the call ran");
-        assert_eq!(name.as_deref(), Some("wasm-guest"));
-        assert_eq!(nice, (here + 5).min(19));
+        assert_eq!(first, (Some("wasm-call".to_owned()), here));
+        assert_eq!(then, (Some("wasm-guest".to_owned()), (here + 5).min(19)));
         assert_eq!(own_nice(), here, "the caller's thread keeps its priority");
     }
 

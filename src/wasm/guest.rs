@@ -480,7 +480,10 @@ impl Guest {
             Some(_) => FsWork::Inline { deadline },
             None => FsWork::Pool,
         };
-        let (store, output) = self.site().new_store(self.pre.engine(), deadline, work)?;
+        let long = self.clock.as_ref().map(|clock| clock.long.clone());
+        let (store, output) = self
+            .site()
+            .new_store(self.pre.engine(), deadline, work, long)?;
         Ok(CallScope {
             guest: self,
             started: Instant::now(),
@@ -533,7 +536,7 @@ impl Guest {
         let clock = CallClock::new(self.lingering.clone());
         let mut guest = self.clone();
         guest.clock = Some(clock.clone());
-        let running = executor.run(call(guest));
+        let running = executor.run_sliced(call(guest), clock.long.clone());
         tokio::pin!(running);
         tokio::select! {
             biased;
