@@ -90,7 +90,7 @@ fn main() {
     // profiler (callgrind, strace -c) for where a call's time goes.
     let only_as_run = std::env::var("WP_BENCH_ONLY_AS_RUN").is_ok_and(|v| v == "1");
     let mut guests = Vec::new();
-    // What `run` uses (pooling, guest threads at a lower priority) and the two allocators alone.
+    // What `run` uses (pooling, guest calls on threads of their own) and the two allocators alone.
     let paths = [
         (Pooling::Off, None),
         (Pooling::On, None),
