@@ -61,8 +61,8 @@ pub struct GuestArgs {
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub guest_threads: Option<u16>,
     /// How much nicer (lower CPU priority) than the controller a guest call's thread is once the
-    /// call has run past its first slice (10 ms), 0..=19: a
-    /// guest spinning until its deadline then never delays watches, reconciles or lease renewals.
+    /// call has run past its first slice (10 ms), 0..=19: a guest spinning until its deadline
+    /// then never delays watches, reconciles or lease renewals.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i32).range(0..=19))]
     pub guest_nice: i32,
     /// The compiler child's limits.

@@ -48,6 +48,15 @@ struct Started {
     until: Instant,
 }
 
+impl Started {
+    fn abandoned(self) -> Abandoned {
+        Abandoned {
+            operation: self.operation,
+            timeout: self.timeout,
+        }
+    }
+}
+
 /// What the caller gave up on: the operation, and the timeout it had.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Abandoned {
@@ -70,12 +79,13 @@ impl CallClock {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The guest part of `operation` started and must end within `timeout` plus `margin`.
-    pub(super) fn start(&self, operation: &'static str, timeout: Duration, margin: Duration) {
+    /// The guest part of `operation` (its deadline `timeout` away) started and must end by
+    /// `until`, the deadline plus the margin the host allows.
+    pub(super) fn start(&self, operation: &'static str, timeout: Duration, until: Instant) {
         self.state().started = Some(Started {
             operation,
             timeout,
-            until: Instant::now() + timeout + margin,
+            until,
         });
     }
 
@@ -86,10 +96,7 @@ impl CallClock {
         let started = state.started.take();
         if state.abandoned {
             let started = started.expect("a call is abandoned only once started");
-            return Err(Abandoned {
-                operation: started.operation,
-                timeout: started.timeout,
-            });
+            return Err(started.abandoned());
         }
         Ok(())
     }
@@ -109,10 +116,7 @@ impl CallClock {
                     state.abandoned = true;
                     drop(state);
                     self.lingering.call_stuck(&self.running);
-                    return Abandoned {
-                        operation: started.operation,
-                        timeout: started.timeout,
-                    };
+                    return started.abandoned();
                 }
                 Some(started) => check = started.until,
                 None => check = now + least,
@@ -142,7 +146,7 @@ mod tests {
     async fn a_call_that_stops_in_time_is_never_abandoned() {
         let lingering = Arc::new(Lingering::default());
         let clock = CallClock::new(lingering.clone());
-        clock.start("provision", ms(300), ms(0));
+        clock.start("provision", ms(300), Instant::now() + ms(300));
         let waiter = {
             let clock = clock.clone();
             tokio::spawn(async move { clock.overrun(ms(300)).await })
@@ -167,7 +171,7 @@ mod tests {
         tokio::time::sleep(ms(600)).await;
         assert!(!caller.is_finished());
         let started = Instant::now();
-        clock.start("delete", ms(200), ms(50));
+        clock.start("delete", ms(200), started + ms(250));
         let abandoned = caller.await.expect("joined");
         assert!(started.elapsed() >= ms(250), "not before the deadline");
         assert_eq!(
@@ -194,7 +198,7 @@ mod tests {
     async fn a_stop_after_the_deadline_but_before_the_caller_looked_wins() {
         let lingering = Arc::new(Lingering::default());
         let clock = CallClock::new(lingering.clone());
-        clock.start("provision", ms(100), ms(0));
+        clock.start("provision", ms(100), Instant::now() + ms(100));
         tokio::time::sleep(ms(300)).await;
         // The deadline passed but the caller has not looked yet: the call stops first, and
         // the caller keeps waiting for its end instead.

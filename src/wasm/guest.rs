@@ -16,8 +16,8 @@
 //! environment), a memory cap, an epoch deadline measured against the wall clock, and an async
 //! timeout around the whole call so time spent in host functions counts too; the caller waits
 //! against the same deadline, which holds even while a host function is blocked in the kernel
-//! ([`super::call_clock`]). A trap is a
-//! [`CallError::Fault`], distinct from the typed errors the guest returns on purpose.
+//! ([`super::call_clock`]). A trap is a [`CallError::Fault`], distinct from the typed errors the
+//! guest returns on purpose.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -421,7 +421,8 @@ impl Guest {
     pub(super) async fn call<E: Export>(&self, export: E) -> Result<E::Output, CallError> {
         let mut scope = self.begin().await?;
         if let Some(clock) = &self.clock {
-            clock.start(E::OPERATION, scope.timeout, ASYNC_TIMEOUT_MARGIN);
+            let until = scope.deadline + ASYNC_TIMEOUT_MARGIN;
+            clock.start(E::OPERATION, scope.timeout, until);
         }
         let store = &mut scope.store;
         let outcome = tokio::time::timeout(scope.timeout + ASYNC_TIMEOUT_MARGIN, async {
@@ -476,11 +477,10 @@ impl Guest {
         // On a thread of its own, whose caller keeps the deadline, the call's filesystem work
         // runs right there; else each operation goes to the blocking pool, where the call's
         // own timeout can end the wait.
-        let work = match &self.clock {
-            Some(_) => FsWork::Inline { deadline },
-            None => FsWork::Pool,
+        let (work, long) = match &self.clock {
+            Some(clock) => (FsWork::Inline { deadline }, Some(clock.long.clone())),
+            None => (FsWork::Pool, None),
         };
-        let long = self.clock.as_ref().map(|clock| clock.long.clone());
         let (store, output) = self
             .site()
             .new_store(self.pre.engine(), deadline, work, long)?;
@@ -492,6 +492,7 @@ impl Guest {
             store,
             output,
             timeout,
+            deadline,
         })
     }
 
@@ -571,6 +572,8 @@ struct CallScope<'g> {
     store: Store<GuestState>,
     output: Output,
     timeout: Duration,
+    /// The store's epoch deadline, `timeout` after it was made.
+    deadline: Instant,
 }
 
 impl CallScope<'_> {

@@ -12,8 +12,9 @@
 //! ```
 //!
 //! Why: every open file, directory and listing is one `Arc` that whatever uses it clones, the
-//! guest's descriptor, each stream of it and each operation in flight alike. Counting those references counts what the process holds for the guest: descriptors,
-//! stream buffers (up to 64 KiB each) and pool threads. A pod can hold an inode lock for as
+//! guest's descriptor, each stream of it and each operation in flight alike. Counting those
+//! references counts what the process holds for the guest: descriptors, stream buffers (up to
+//! 64 KiB each) and threads. A pod can hold an inode lock for as
 //! long as it likes, and an operation waiting on it outlives the call that started it (the
 //! call ends at its deadline, the thread does not): those are charged to the guest until they
 //! end, so one guest can never take the threads, instances or descriptors of the others.
