@@ -425,6 +425,7 @@ mod tests {
 --retry-interval-max short=None env=None default=[1000s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["RETRY_INTERVAL_MAX"]) hidden=false required=false
 --retry-interval-start short=None env=None default=[15s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["RETRY_INTERVAL_START"]) hidden=false required=false
 --shutdown-grace short=None env=None default=[30s] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["SHUTDOWN_GRACE"]) hidden=false required=false
+--wait-for-mark short=None env=None default=[false] bare=[true] num_args=Some(0..=1) action=Set values=[true,false] value_names=Some(["WAIT_FOR_MARK"]) hidden=false required=false
 --worker-threads short=None env=None default=[32] bare=[] num_args=Some(1) action=Set values=[] value_names=Some(["WORKER_THREADS"]) hidden=false required=false
 "#;
 

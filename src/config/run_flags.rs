@@ -121,6 +121,12 @@ pub struct ControllerArgs {
     /// default settled ones are kept as their identity only).
     #[arg(long, default_value_t = false, hide = true)]
     pub cache_whole_objects: bool,
+    /// Provision a claim only once kube-controller-manager has marked it for its provisioner
+    /// (the storage-provisioner annotation), as the Go library does. By default a claim of a
+    /// served class that deletes its volumes, with no unbound PV in that class it could be bound
+    /// to instead, is provisioned as soon as it is seen.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub wait_for_mark: bool,
 }
 
 /// What happens after a failure.

@@ -123,6 +123,7 @@ impl RunArgs {
             delete_timeout: controller.delete_timeout,
             add_pv_finalizer: self.intent.add_pv_finalizer,
             cache_whole_objects: controller.cache_whole_objects,
+            wait_for_mark: controller.wait_for_mark,
             intent: self.intent_record(),
             kube_api_qps: self.api.kube_api_qps,
             kube_api_burst: self.api.kube_api_burst,

@@ -136,13 +136,70 @@ pub enum ClaimDecision<'a> {
     },
 }
 
-/// Should this claim be provisioned? The library's `shouldProvision`, minus the guest hook.
-/// `served` says whether a provisioner name has a loaded guest; `class` is the cached class the
-/// claim names ([`claim_class`]), if it exists.
+/// Whether a claim kube-controller-manager has not marked for a provisioner yet (no
+/// storage-provisioner annotation) is provisioned ahead of that mark, by its class's provisioner.
+///
+/// Why: kube-controller-manager marks claims in the one worker that also binds every PV created
+/// for them, so with many claims its marks, not the provisioner, set the pace (the last mark of
+/// 500 claims came at 4.1-4.2 s 20 ms from the API server, docs/benchmarks.md). It marks a claim
+/// only once no PV can take it; a PV created for the claim (its claimRef naming the claim's UID)
+/// is the one it binds first. So a claim goes ahead only when no PV of its class could be bound
+/// to it instead, and only in a class that deletes its volumes: should kube-controller-manager
+/// still bind the claim elsewhere (a PV that arrived in between), the PV made ahead is Released
+/// by it and deleted by the volume path, as any provisioned PV whose claim is bound elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unmarked {
+    /// Never: only marked claims are provisioned (`--wait-for-mark`, the Go library's way).
+    Wait,
+    /// When nothing else could take it: `bindable_pv_in_class` says whether a PV of the claim's
+    /// class waits unbound (see [`super::bindable`]).
+    Ahead {
+        /// A PV kube-controller-manager could bind a claim of this class to exists.
+        bindable_pv_in_class: bool,
+    },
+}
+
+/// The provisioner a claim is for: the one kube-controller-manager's mark names, or, on a claim
+/// not marked, its class's (the claim of a class served here is provisioned ahead of the mark,
+/// see [`Unmarked`]). `class` is the cached class the claim names, if it exists.
+pub fn provisioner_of<'a>(
+    pvc: &'a PersistentVolumeClaim,
+    class: Option<&'a StorageClass>,
+) -> Option<&'a str> {
+    claim_provisioner(pvc).or_else(|| {
+        class
+            .map(|c| c.provisioner.as_str())
+            .filter(|p| !p.is_empty())
+    })
+}
+
+/// Why an unmarked claim of a served class waits for kube-controller-manager's mark, if it does.
+fn waits_for_mark(class: &StorageClass, unmarked: Unmarked) -> Option<&'static str> {
+    let keeps = class
+        .reclaim_policy
+        .as_deref()
+        .is_some_and(|p| p != "Delete");
+    match unmarked {
+        Unmarked::Wait => Some("waiting for kube-controller-manager's mark (--wait-for-mark)"),
+        Unmarked::Ahead { .. } if keeps => {
+            Some("waiting for kube-controller-manager's mark: its class keeps released volumes")
+        }
+        Unmarked::Ahead {
+            bindable_pv_in_class: true,
+        } => Some("waiting for kube-controller-manager's mark: a PV of its class may take it"),
+        Unmarked::Ahead { .. } => None,
+    }
+}
+
+/// Should this claim be provisioned? The library's `shouldProvision`, minus the guest hook, and
+/// ahead of kube-controller-manager's mark as `unmarked` allows. `served` says whether a
+/// provisioner name has a loaded guest; `class` is the cached class the claim names
+/// ([`claim_class`]), if it exists.
 pub fn should_provision<'a, S: Into<Serving>>(
     pvc: &'a PersistentVolumeClaim,
     served: impl Fn(&str) -> S,
-    class: Option<&StorageClass>,
+    class: Option<&'a StorageClass>,
+    unmarked: Unmarked,
 ) -> ClaimDecision<'a> {
     if pvc.metadata.deletion_timestamp.is_some() {
         return ClaimDecision::Skip("claim is being deleted");
@@ -155,8 +212,15 @@ pub fn should_provision<'a, S: Into<Serving>>(
     {
         return ClaimDecision::Skip("claim already names a volume");
     }
-    let Some(provisioner) = claim_provisioner(pvc) else {
-        return ClaimDecision::Skip("no storage-provisioner annotation");
+    let provisioner = match (claim_provisioner(pvc), class) {
+        (Some(marked), _) => marked,
+        (None, Some(class)) if !class.provisioner.is_empty() => {
+            if let Some(reason) = waits_for_mark(class, unmarked) {
+                return ClaimDecision::Skip(reason);
+            }
+            class.provisioner.as_str()
+        }
+        (None, _) => return ClaimDecision::Skip("no storage-provisioner annotation"),
     };
     match served(provisioner).into() {
         Serving::Yes => {}
@@ -284,6 +348,23 @@ pub fn claim_finalizer_patch(uid: &Option<String>, present: bool) -> serde_json:
         patch["metadata"]["annotations"] = serde_json::json!({ ANN_CLASS_RECORD: null });
     }
     patch
+}
+
+/// Names `provisioner` on a claim `patch` with both storage-provisioner annotations, as
+/// kube-controller-manager marks a claim (1.23+ writes both, and finds nothing to change), unless
+/// the claim is marked already: a claim holding a finalizer of ours says whose it is, also when
+/// it was provisioned ahead of the mark and bound without one. Part of the finalizer's own write.
+pub fn name_provisioner(
+    patch: &mut serde_json::Value,
+    pvc: &PersistentVolumeClaim,
+    provisioner: &str,
+) {
+    if claim_provisioner(pvc).is_some() {
+        return;
+    }
+    let annotations = &mut patch["metadata"]["annotations"];
+    annotations[ANN_STORAGE_PROVISIONER] = serde_json::json!(provisioner);
+    annotations[ANN_BETA_STORAGE_PROVISIONER] = serde_json::json!(provisioner);
 }
 
 /// What of a class an intent-log entry records: what a guest's delete reads (name, provisioner,
@@ -416,7 +497,7 @@ mod tests {
                 .iter()
                 .find(|c| c.metadata.name.as_deref() == Some(n))
         });
-        should_provision(pvc, |p| p == P, class)
+        should_provision(pvc, |p| p == P, class, Unmarked::Wait)
     }
 
     #[test]
@@ -425,22 +506,22 @@ mod tests {
         let pvc = claim("a").provisioner(P).class("fast").0;
         let class = Some(&classes[0]);
         assert_eq!(
-            should_provision(&pvc, |_| Serving::Gone, class),
+            should_provision(&pvc, |_| Serving::Gone, class, Unmarked::Wait),
             ClaimDecision::GuestGone(P)
         );
         assert_eq!(
-            should_provision(&pvc, |_| Serving::No, class),
+            should_provision(&pvc, |_| Serving::No, class, Unmarked::Wait),
             ClaimDecision::Skip("provisioner not served here")
         );
         // A bound or deleted claim never waits for anything.
         let bound = claim("b").provisioner(P).class("fast").bound_to("pv").0;
         assert!(matches!(
-            should_provision(&bound, |_| Serving::Gone, class),
+            should_provision(&bound, |_| Serving::Gone, class, Unmarked::Wait),
             ClaimDecision::Skip(_)
         ));
         let deleting = claim("c").provisioner(P).class("fast").deleting().0;
         assert!(matches!(
-            should_provision(&deleting, |_| Serving::Gone, class),
+            should_provision(&deleting, |_| Serving::Gone, class, Unmarked::Wait),
             ClaimDecision::Skip(_)
         ));
     }
@@ -476,8 +557,13 @@ mod tests {
                 provision("fast"),
             ),
             (
-                "no annotation",
+                "no annotation, waiting for the mark",
                 claim("a").class("fast").0,
+                ClaimDecision::Skip("waiting for kube-controller-manager's mark (--wait-for-mark)"),
+            ),
+            (
+                "no annotation, no class",
+                claim("a").0,
                 ClaimDecision::Skip("no storage-provisioner annotation"),
             ),
             (
@@ -546,6 +632,126 @@ mod tests {
         for (what, pvc, want) in &cases {
             assert_eq!(&decide(pvc, &classes), want, "{what}");
         }
+    }
+
+    #[test]
+    fn unmarked_claims_go_ahead_only_where_nothing_else_could_take_them() {
+        let mut keeping = class("keeping", P, false);
+        keeping.reclaim_policy = Some("Retain".into());
+        let mut deleting = class("deleting", P, false);
+        deleting.reclaim_policy = Some("Delete".into());
+        let classes = [
+            class("fast", P, false),
+            class("local", P, true),
+            class("other", "someone/else", false),
+            keeping,
+            deleting,
+        ];
+        let ahead = Unmarked::Ahead {
+            bindable_pv_in_class: false,
+        };
+        let beside_a_pv = Unmarked::Ahead {
+            bindable_pv_in_class: true,
+        };
+        let provision = |c| ClaimDecision::Provision {
+            provisioner: P,
+            class: c,
+        };
+        let cases: Vec<(&str, PersistentVolumeClaim, Unmarked, ClaimDecision)> = vec![
+            (
+                "ahead",
+                claim("a").class("fast").0,
+                ahead,
+                provision("fast"),
+            ),
+            (
+                "ahead, Delete spelled out",
+                claim("a").class("deleting").0,
+                ahead,
+                provision("deleting"),
+            ),
+            (
+                "a PV of the class may take it",
+                claim("a").class("fast").0,
+                beside_a_pv,
+                ClaimDecision::Skip(
+                    "waiting for kube-controller-manager's mark: a PV of its class may take it",
+                ),
+            ),
+            (
+                "marked claims never wait for a mark",
+                claim("a").provisioner(P).class("fast").0,
+                beside_a_pv,
+                provision("fast"),
+            ),
+            (
+                "a class that keeps released volumes",
+                claim("a").class("keeping").0,
+                ahead,
+                ClaimDecision::Skip(
+                    "waiting for kube-controller-manager's mark: its class keeps released volumes",
+                ),
+            ),
+            (
+                "another provisioner's class",
+                claim("a").class("other").0,
+                ahead,
+                ClaimDecision::Skip("provisioner not served here"),
+            ),
+            (
+                "class not known yet",
+                claim("a").class("nope").0,
+                ahead,
+                ClaimDecision::Skip("no storage-provisioner annotation"),
+            ),
+            (
+                "wffc without node",
+                claim("a").class("local").0,
+                ahead,
+                ClaimDecision::Skip("waiting for first consumer"),
+            ),
+            (
+                "wffc with node",
+                claim("a").class("local").ann(ANN_SELECTED_NODE, "n1").0,
+                ahead,
+                provision("local"),
+            ),
+            (
+                "bound",
+                claim("a").class("fast").bound_to("pv1").0,
+                ahead,
+                ClaimDecision::Skip("claim already names a volume"),
+            ),
+            (
+                "deleting",
+                claim("a").class("fast").deleting().0,
+                ahead,
+                ClaimDecision::Skip("claim is being deleted"),
+            ),
+        ];
+        for (what, pvc, unmarked, want) in &cases {
+            let class = claim_class(pvc).and_then(|n| {
+                classes
+                    .iter()
+                    .find(|c| c.metadata.name.as_deref() == Some(n))
+            });
+            assert_eq!(
+                &should_provision(pvc, |p| p == P, class, *unmarked),
+                want,
+                "{what}"
+            );
+        }
+        // An unmarked claim's guest gone for now: it waits for the guest, as a marked one does.
+        let pvc = claim("a").class("fast").0;
+        assert_eq!(
+            should_provision(&pvc, |_| Serving::Gone, Some(&classes[0]), ahead),
+            ClaimDecision::GuestGone(P)
+        );
+        // Whose claim it is: the mark's provisioner, else its class's.
+        assert_eq!(provisioner_of(&pvc, Some(&classes[0])), Some(P));
+        let marked = claim("a").provisioner("x/y").class("fast").0;
+        assert_eq!(provisioner_of(&marked, Some(&classes[0])), Some("x/y"));
+        assert_eq!(provisioner_of(&pvc, None), None);
     }
 
     fn pv(phase: &str, policy: &str, by: Option<&str>) -> PersistentVolume {
@@ -672,6 +878,24 @@ mod tests {
             FINALIZER_PV
         );
         assert!(remove["metadata"].get("finalizers").is_none());
+    }
+
+    #[test]
+    fn a_finalizer_of_ours_names_the_provisioner_on_a_claim_not_marked() {
+        let unmarked = claim("a").class("fast").0;
+        let mut patch = finalizer_patch(&unmarked.metadata.uid, FINALIZER_CLAIM, true);
+        name_provisioner(&mut patch, &unmarked, P);
+        assert_eq!(patch["metadata"]["finalizers"][0], FINALIZER_CLAIM);
+        assert_eq!(patch["metadata"]["annotations"][ANN_STORAGE_PROVISIONER], P);
+        assert_eq!(
+            patch["metadata"]["annotations"][ANN_BETA_STORAGE_PROVISIONER],
+            P
+        );
+        // A marked claim keeps kube-controller-manager's mark as it is.
+        let marked = claim("a").provisioner(P).class("fast").0;
+        let mut patch = finalizer_patch(&marked.metadata.uid, FINALIZER_CLAIM, true);
+        name_provisioner(&mut patch, &marked, P);
+        assert!(patch["metadata"].get("annotations").is_none());
     }
 
     #[test]

@@ -169,21 +169,24 @@ impl<'a> Handle<'a> {
             .unwrap_or_else(|| has_finalizer(&pvc.metadata.finalizers, FINALIZER_CLAIM))
     }
 
-    /// Adds or removes our claim finalizer in one strategic-merge patch (only our entry of the
-    /// list). Adding is conditional on the claim's resourceVersion; removing is unconditional.
+    /// Adds (naming `provisioner` on a claim not marked yet, see [`decide::name_provisioner`])
+    /// or removes (`None`) our claim finalizer in one strategic-merge patch (only our entry of
+    /// the list). Adding is conditional on the claim's resourceVersion; removing is unconditional.
     pub async fn set_claim_finalizer<E>(
         &self,
         pvc: &PersistentVolumeClaim,
-        present: bool,
+        provisioner: Option<&str>,
     ) -> Result<PersistentVolumeClaim, E>
     where
         E: From<GateError> + From<kube::Error>,
     {
+        let present = provisioner.is_some();
         if self.holds_claim_finalizer(pvc) == present {
             return Ok(pvc.clone());
         }
         let mut patch = decide::claim_finalizer_patch(&pvc.metadata.uid, present);
-        if present {
+        if let Some(provisioner) = provisioner {
+            decide::name_provisioner(&mut patch, pvc, provisioner);
             // Only on the claim we decided on: a cache behind the API server (a reschedule or a
             // removal of ours it does not show yet) gets a conflict, never a stale guest call.
             patch["metadata"]["resourceVersion"] = serde_json::json!(pvc.metadata.resource_version);
@@ -196,19 +199,24 @@ impl<'a> Handle<'a> {
         result
     }
 
-    /// Adds or removes `finalizer` (not our provisioning one: [`Handle::set_claim_finalizer`]
+    /// Adds (naming `provisioner` on a claim not marked yet, see [`decide::name_provisioner`])
+    /// or removes (`None`) `finalizer` (not our provisioning one: [`Handle::set_claim_finalizer`]
     /// keeps the books for that) on a claim, with its UID as a precondition, so a namesake is
     /// never touched. Removing it from a claim that is gone is done.
     pub async fn set_other_claim_finalizer<E>(
         &self,
         pvc: &PersistentVolumeClaim,
         finalizer: &str,
-        present: bool,
+        provisioner: Option<&str>,
     ) -> Result<PersistentVolumeClaim, E>
     where
         E: From<GateError> + From<kube::Error>,
     {
-        let patch = decide::finalizer_patch(&pvc.metadata.uid, finalizer, present);
+        let present = provisioner.is_some();
+        let mut patch = decide::finalizer_patch(&pvc.metadata.uid, finalizer, present);
+        if let Some(provisioner) = provisioner {
+            decide::name_provisioner(&mut patch, pvc, provisioner);
+        }
         self.patch_claim_finalizers(pvc, &patch, present).await
     }
 
@@ -253,7 +261,7 @@ impl<'a> Handle<'a> {
         E: From<GateError> + From<kube::Error>,
     {
         claim_entry::release(self.ctx, pvc.metadata.uid.as_deref().unwrap_or_default());
-        self.set_claim_finalizer(pvc, false).await
+        self.set_claim_finalizer(pvc, None).await
     }
 
     /// A merge patch of a claim (with whatever precondition it carries); the API server's

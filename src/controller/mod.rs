@@ -5,6 +5,7 @@
 //! controller never runs two reconciles for one object at once and re-runs an object that changed
 //! while in flight.
 
+pub mod bindable;
 pub mod bookkeeping;
 pub mod cache;
 pub mod claim_watch;
@@ -89,6 +90,9 @@ pub struct Settings {
     pub add_pv_finalizer: bool,
     /// Keep settled claims and PVs whole in the caches (see [`cache`]).
     pub cache_whole_objects: bool,
+    /// Provision only claims kube-controller-manager has marked for a provisioner, never ahead
+    /// of the mark (see [`decide::Unmarked`]).
+    pub wait_for_mark: bool,
     /// How provisioning intent is recorded before a guest call (leak protection).
     pub intent: IntentRecord,
     /// Client-side API request rate.
@@ -128,6 +132,7 @@ impl Default for Settings {
             delete_timeout: Duration::from_secs(300),
             add_pv_finalizer: true,
             cache_whole_objects: false,
+            wait_for_mark: false,
             intent: IntentRecord::Log,
             kube_api_qps: 50.0,
             kube_api_burst: 100,
@@ -166,6 +171,8 @@ pub struct Context {
     pub volumes: Store<CachedVolume>,
     /// PersistentVolumeClaim cache (settled claims are not kept).
     pub claims: Store<PersistentVolumeClaim>,
+    /// The PVs kube-controller-manager could still bind a claim to, by class.
+    pub bindable: Arc<bindable::BindableVolumes>,
     /// Event publisher.
     pub recorder: events::Recorder,
     /// Settings.
@@ -201,6 +208,8 @@ pub struct Caches {
     pub volumes: Store<CachedVolume>,
     /// PersistentVolumeClaims.
     pub claims: Store<PersistentVolumeClaim>,
+    /// The PVs kube-controller-manager could still bind a claim to, fed by the PV watch.
+    pub bindable: Arc<bindable::BindableVolumes>,
 }
 
 impl Context {
@@ -240,6 +249,7 @@ impl Context {
             classes: caches.classes,
             volumes: caches.volumes,
             claims: caches.claims,
+            bindable: caches.bindable,
             recorder,
             api_rate,
             intents,

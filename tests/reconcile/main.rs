@@ -6,6 +6,7 @@
 //! file holds the world they share. The whole layer runs in seconds; the end-to-end suites prove
 //! the same paths against a real control plane.
 
+mod ahead_of_mark;
 mod capabilities;
 mod claim_cache;
 mod claim_intents;
@@ -145,6 +146,7 @@ impl World {
                 classes: classes_store,
                 volumes: volumes_store,
                 claims: claims_store,
+                bindable: Default::default(),
             },
             Metrics::new(),
             None,
@@ -298,6 +300,7 @@ fn restarted_over(world: &World, claims: reflector::Store<PersistentVolumeClaim>
             classes,
             volumes,
             claims,
+            bindable: Default::default(),
         },
         Metrics::new(),
         None,

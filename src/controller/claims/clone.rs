@@ -121,7 +121,7 @@ async fn hold_source(
     let ctx = handle.ctx();
     ctx.clone_sources.enter(&source_uid);
     let claim = source_claim_ref(&source_uid, &own, name);
-    match hold(handle, &source, &pv, pvc, &refuse).await {
+    match hold(handle, &source, &pv, pvc, provisioner, &refuse).await {
         Ok(volume) => Ok(Held {
             source: CloneSource {
                 namespace: own.clone(),
@@ -145,10 +145,12 @@ async fn hold(
     source: &PersistentVolumeClaim,
     pv: &k8s_openapi::api::core::v1::PersistentVolume,
     pvc: &PersistentVolumeClaim,
+    provisioner: &str,
     refuse: &(dyn Fn(String) -> ClaimError + Sync),
 ) -> Result<crate::wasm::bindings::types::Volume, ClaimError> {
+    // Naming the provisioner its PV was checked to be of: [`release_if_stale`] judges by it.
     let now = handle
-        .set_other_claim_finalizer::<ClaimError>(source, FINALIZER_CLONE_SOURCE, true)
+        .set_other_claim_finalizer::<ClaimError>(source, FINALIZER_CLONE_SOURCE, Some(provisioner))
         .await?;
     checked(&now, pvc).map_err(refuse)?;
     Ok(convert::volume(pv)?)
@@ -219,7 +221,7 @@ async fn release(handle: &Handle<'_>, uid: &str, claim: &PersistentVolumeClaim) 
         return;
     }
     if let Err(error) = handle
-        .set_other_claim_finalizer::<ClaimError>(claim, FINALIZER_CLONE_SOURCE, false)
+        .set_other_claim_finalizer::<ClaimError>(claim, FINALIZER_CLONE_SOURCE, None)
         .await
     {
         // The next reconcile of the source takes it off (`release_if_stale`).
@@ -238,7 +240,8 @@ pub(super) async fn release_if_stale(
         return Ok(());
     }
     // Every instance uses this finalizer's name: only the one serving the source's provisioner
-    // (whose guests copy it) may judge whether a copy of it is under way.
+    // (whose guests copy it) may judge whether a copy of it is under way. The finalizer's write
+    // named it on the claim, also on one provisioned ahead of kube-controller-manager's mark.
     let provisioner = decide::claim_provisioner(pvc).unwrap_or_default();
     let plugins = handle.ctx().plugins();
     if matches!(super::serving(&plugins, provisioner), Serving::No)
@@ -249,7 +252,7 @@ pub(super) async fn release_if_stale(
     }
     handle.lease().await?;
     handle
-        .set_other_claim_finalizer::<ClaimError>(pvc, FINALIZER_CLONE_SOURCE, false)
+        .set_other_claim_finalizer::<ClaimError>(pvc, FINALIZER_CLONE_SOURCE, None)
         .await?;
     Ok(())
 }

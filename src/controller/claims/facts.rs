@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
+use kube::ResourceExt;
 
 use super::claim_fingerprint;
-use crate::controller::decide::{self, Serving};
+use crate::controller::decide::{self, Serving, Unmarked};
 use crate::controller::handle::Handle;
 use crate::controller::node::{ClaimOwner, Pin};
 use crate::controller::plan::{self, ClaimFacts, ClaimPlan, DeletedOwner};
@@ -16,16 +17,17 @@ use crate::wasm::{Guest, Plugins};
 /// The provisioner whose guest this path will call for a cached claim when its turn comes: what
 /// [`plan::plan_claim`] decides for it now, unless it was given up or backs off after a failure
 /// (recorded when its turn comes, not ahead).
-pub(super) fn queued_for_provision<'a>(
+pub(super) fn queued_for_provision(
     handle: &Handle<'_>,
     plugins: &Plugins,
-    pvc: &'a PersistentVolumeClaim,
-) -> Option<&'a str> {
+    pvc: &PersistentVolumeClaim,
+) -> Option<String> {
     let ctx = handle.ctx();
     let facts = Facts::of(handle, pvc, plugins);
     let ClaimPlan::Provision { provisioner, .. } = plan::plan_claim(pvc, &facts) else {
         return None;
     };
+    let provisioner = provisioner.to_owned();
     let uid = pvc.metadata.uid.as_deref()?;
     if ctx.claim_book.is_given_up(uid, claim_fingerprint(pvc, ctx))
         || ctx.claim_book.is_retrying(uid)
@@ -103,6 +105,16 @@ impl ClaimFacts for Facts<'_> {
             Some(me) if me == node.settings.name => DeletedOwner::Me,
             Some(other) if !node.exists(Pin::Name(other)) => DeletedOwner::NodeGone(other.into()),
             _ => DeletedOwner::Other,
+        }
+    }
+
+    fn unmarked(&self, class: &StorageClass) -> Unmarked {
+        let ctx = self.handle.ctx();
+        if ctx.settings.wait_for_mark {
+            return Unmarked::Wait;
+        }
+        Unmarked::Ahead {
+            bindable_pv_in_class: ctx.bindable.in_class(&class.name_any()),
         }
     }
 

@@ -63,7 +63,7 @@ fn source_kind(pvc: &PersistentVolumeClaim) -> String {
 /// module, for instance one that now supports block volumes, too). A deleted claim is a new case.
 fn claim_fingerprint(pvc: &PersistentVolumeClaim, ctx: &Context) -> u64 {
     let class = decide::claim_class(pvc).and_then(|name| ctx.class(name));
-    let provisioner = decide::claim_provisioner(pvc);
+    let provisioner = decide::provisioner_of(pvc, class.as_deref());
     let guest = provisioner.and_then(|p| {
         ctx.plugins()
             .for_provisioner(p)
@@ -76,7 +76,7 @@ fn claim_fingerprint(pvc: &PersistentVolumeClaim, ctx: &Context) -> u64 {
         decide::selected_node(pvc),
         class.as_ref().and_then(|c| c.metadata.uid.clone()),
         // A class that starts allowing growth is a new chance for a claim refused before.
-        class.and_then(|c| c.allow_volume_expansion),
+        class.as_ref().and_then(|c| c.allow_volume_expansion),
         guest,
         pvc.metadata.deletion_timestamp.is_some(),
     ))
@@ -259,8 +259,12 @@ async fn provision(handle: &Handle<'_>, pvc: &PersistentVolumeClaim) -> Result<D
 async fn finalizer_intent(
     handle: &Handle<'_>,
     pvc: &PersistentVolumeClaim,
+    provisioner: &str,
 ) -> Result<Option<PersistentVolumeClaim>, ClaimError> {
-    match handle.set_claim_finalizer::<ClaimError>(pvc, true).await {
+    match handle
+        .set_claim_finalizer::<ClaimError>(pvc, Some(provisioner))
+        .await
+    {
         Ok(updated) => Ok(Some(updated)),
         Err(ClaimError::Kube(kube::Error::Api(status))) if status.is_conflict() => {
             tracing::debug!("claim changed since it was read; looking again");
@@ -420,7 +424,7 @@ async fn record_intent(
 ) -> Result<Option<PersistentVolumeClaim>, ClaimError> {
     let ctx = handle.ctx();
     match claim_entry::intent_mode(ctx) {
-        IntentMode::Finalizer => return finalizer_intent(handle, pvc).await,
+        IntentMode::Finalizer => return finalizer_intent(handle, pvc, provisioner).await,
         IntentMode::Nowhere => return Ok(Some(pvc.clone())),
         IntentMode::Log => {}
     }
@@ -437,7 +441,7 @@ async fn record_intent(
         Ok(Recorded::Logged) => Ok(Some(pvc.clone())),
         Ok(Recorded::OnClaimInstead(error)) => {
             tracing::info!(%error, "intent recorded on the claim instead (our finalizer)");
-            finalizer_intent(handle, pvc).await
+            finalizer_intent(handle, pvc, provisioner).await
         }
         Err(error) => {
             warn_claim(handle, pvc, events::PROVISIONING_FAILED, error.to_string());

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::data_source::{self, DataSource};
-use super::decide::{self, ClaimDecision, Serving};
+use super::decide::{self, ClaimDecision, Serving, Unmarked};
 use super::node::ClaimOwner;
 use crate::wasm::CallError;
 use crate::wasm::bindings::types::ProvisionError;
@@ -48,6 +48,9 @@ pub trait ClaimFacts {
     fn deleted_owner(&self) -> DeletedOwner;
     /// Whether the guest serving `provisioner` is at its max-concurrency.
     fn guest_busy(&self, provisioner: &str) -> bool;
+    /// Whether a claim of `class` not marked by kube-controller-manager yet may go ahead of the
+    /// mark (the setting, and whether a PV of the class could take the claim instead).
+    fn unmarked(&self, class: &StorageClass) -> Unmarked;
 }
 
 /// What to do with a claim; `G` is the guest a provision calls, chosen by the plan.
@@ -91,13 +94,14 @@ pub enum ClaimPlan<'a, G = ()> {
 /// Decides what to do with a claim.
 pub fn plan_claim<'a, F: ClaimFacts>(
     pvc: &'a PersistentVolumeClaim,
-    facts: &F,
+    facts: &'a F,
 ) -> ClaimPlan<'a, F::Guest> {
+    let class = decide::claim_class(pvc).and_then(|name| facts.class(name));
     if pvc.metadata.deletion_timestamp.is_some() {
         if !facts.holds_finalizer() {
             return ClaimPlan::Skip("deleted, and no storage of ours can exist");
         }
-        let provisioner = decide::claim_provisioner(pvc).unwrap_or_default();
+        let provisioner = decide::provisioner_of(pvc, class).unwrap_or_default();
         // Another instance (other guests) shares the finalizer name: only ours are ours.
         match facts.serving(provisioner) {
             Serving::No => {
@@ -111,7 +115,6 @@ pub fn plan_claim<'a, F: ClaimFacts>(
             DeletedOwner::NodeGone(node) => ClaimPlan::FinishDeletedNodeGone(node),
         };
     }
-    let class = decide::claim_class(pvc).and_then(|name| facts.class(name));
     let released = |reason| {
         if facts.holds_finalizer() {
             ClaimPlan::ReleaseIfPvExists
@@ -119,13 +122,14 @@ pub fn plan_claim<'a, F: ClaimFacts>(
             ClaimPlan::Skip(reason)
         }
     };
-    let (provisioner, class_name) = match decide::should_provision(pvc, |p| facts.serving(p), class)
-    {
-        ClaimDecision::Skip(reason) => return released(reason),
-        ClaimDecision::GuestGone(p) => return ClaimPlan::WaitForGuest(p),
-        ClaimDecision::ClassMissing(name) => return ClaimPlan::ClassMissing(name),
-        ClaimDecision::Provision { provisioner, class } => (provisioner, class),
-    };
+    let unmarked = class.map_or(Unmarked::Wait, |c| facts.unmarked(c));
+    let (provisioner, class_name) =
+        match decide::should_provision(pvc, |p| facts.serving(p), class, unmarked) {
+            ClaimDecision::Skip(reason) => return released(reason),
+            ClaimDecision::GuestGone(p) => return ClaimPlan::WaitForGuest(p),
+            ClaimDecision::ClassMissing(name) => return ClaimPlan::ClassMissing(name),
+            ClaimDecision::Provision { provisioner, class } => (provisioner, class),
+        };
     let class = class.expect("decided with a class");
     if let DataSource::Populator { kind, api_group } = data_source::of(pvc) {
         return ClaimPlan::ForPopulator { kind, api_group };
@@ -297,6 +301,11 @@ mod tests {
         }
         fn guest_busy(&self, _: &str) -> bool {
             self.guest_busy
+        }
+        fn unmarked(&self, _: &StorageClass) -> Unmarked {
+            Unmarked::Ahead {
+                bindable_pv_in_class: false,
+            }
         }
     }
 

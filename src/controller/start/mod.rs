@@ -20,6 +20,7 @@ use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::bindable::BindableVolumes;
 use super::cache::{self, CachedVolume};
 use super::claim_watch::{ClaimKeeping, claim_watch};
 use super::slim::slim;
@@ -165,12 +166,19 @@ impl Sources {
         let whole = settings.cache_whole_objects;
         let finalizer_mode = settings.add_pv_finalizer;
         let (volumes, volume_writer) = reflector::store::<CachedVolume>();
+        let bindable = Arc::new(BindableVolumes::default());
         let volume_watch = watches::cached_watch(
             Api::all(client.clone()),
             volume_writer,
             move |pv| !whole && cache::volume_settled(pv, finalizer_mode),
             cache::storage_of,
-            watches::served_paths,
+            {
+                let bindable = bindable.clone();
+                move |event| {
+                    watches::served_paths(event);
+                    bindable.observe(event);
+                }
+            },
         );
         let volume_controller =
             Controller::for_stream(volume_watch, volumes.clone()).with_config(config.clone());
@@ -184,6 +192,7 @@ impl Sources {
                 classes,
                 volumes,
                 claims,
+                bindable,
             },
             class_watch,
             claim_controller,

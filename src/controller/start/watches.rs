@@ -101,7 +101,7 @@ pub(super) fn cached_watch<K>(
     writer: reflector::store::Writer<Cached<K>>,
     settled: impl Fn(&K) -> bool + Send + 'static,
     storage: impl Fn(&K) -> Option<u64> + Send + 'static,
-    observe: fn(&watcher::Event<Cached<K>>),
+    observe: impl Fn(&watcher::Event<Cached<K>>) + Send + 'static,
 ) -> impl futures::Stream<Item = Result<Cached<K>, watcher::Error>> + Send + 'static
 where
     K: kube::Resource<DynamicType = ()>
@@ -115,7 +115,7 @@ where
     use futures::TryStreamExt;
     crate::controller::relist::watcher(api, watcher::Config::default())
         .default_backoff()
-        .inspect_ok(observe)
+        .inspect_ok(move |event| observe(event))
         .modify(move |cached| {
             cached.settle(&settled, &storage);
             slim(cached);

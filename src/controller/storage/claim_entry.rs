@@ -67,7 +67,7 @@ pub async fn record(
     pvc: &PersistentVolumeClaim,
     provisioner: &str,
     pv_name: &str,
-    queued: impl for<'a> Fn(&Plugins, &'a PersistentVolumeClaim) -> Option<&'a str>,
+    queued: impl Fn(&Plugins, &PersistentVolumeClaim) -> Option<String>,
 ) -> Result<Recorded, IntentError> {
     let Some(log) = &ctx.intents else {
         return Ok(Recorded::Logged);
@@ -190,7 +190,7 @@ const SOON: usize = 32;
 fn intents_soon(
     ctx: &Context,
     current: &str,
-    queued: &impl for<'a> Fn(&Plugins, &'a PersistentVolumeClaim) -> Option<&'a str>,
+    queued: &impl Fn(&Plugins, &PersistentVolumeClaim) -> Option<String>,
 ) -> Vec<(String, Intent)> {
     let plugins = ctx.plugins();
     ctx.turns
@@ -201,7 +201,7 @@ fn intents_soon(
             let uid = pvc.metadata.uid.as_deref().filter(|uid| *uid != current)?;
             let provisioner = queued(&plugins, &pvc)?;
             let pv = decide::pv_name(&pvc)?;
-            Some((uid.to_string(), of(provisioner, &pv, &pvc)))
+            Some((uid.to_string(), of(&provisioner, &pv, &pvc)))
         })
         .collect()
 }
@@ -216,7 +216,7 @@ fn intents_ahead(
     ctx: &Context,
     current: &str,
     log: &IntentLog,
-    queued: &impl for<'a> Fn(&Plugins, &'a PersistentVolumeClaim) -> Option<&'a str>,
+    queued: &impl Fn(&Plugins, &PersistentVolumeClaim) -> Option<String>,
 ) -> Vec<(String, Intent)> {
     let mut ahead = Vec::new();
     let room = AHEAD.min(AHEAD_WHILE_BELOW.saturating_sub(log.ahead_len()));
@@ -240,7 +240,7 @@ fn intents_ahead(
         let Some(pv) = decide::pv_name(pvc) else {
             continue;
         };
-        ahead.push((uid.to_string(), of(provisioner, &pv, pvc)));
+        ahead.push((uid.to_string(), of(&provisioner, &pv, pvc)));
     }
     ahead
 }
