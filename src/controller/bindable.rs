@@ -14,12 +14,15 @@ use kube::ResourceExt;
 use kube::runtime::watcher;
 
 use super::cache::CachedVolume;
-use super::decide::ANN_BETA_STORAGE_CLASS;
+use super::decide::{ANN_BETA_STORAGE_CLASS, claim_provisioner_of_volume};
 
 /// The class of a PV kube-controller-manager could bind a claim to: not being deleted, not
-/// Bound, Released or Failed, and not bound to a claim by UID (a PV created for one claim, ours
-/// included, takes no other). A PV pre-bound by name only (an admin's `claimRef` without UID)
-/// counts: which claim it is meant for is kube-controller-manager's to match.
+/// Bound, Released or Failed, and not a provisioned PV made for one claim (its claimRef naming
+/// that claim's UID: ours included, it takes no other). A PV pre-bound by name only (an admin's
+/// `claimRef` without UID) counts: which claim it is meant for is kube-controller-manager's to
+/// match. So does a static PV whose claimRef has a UID while it is not Bound yet: that is
+/// kube-controller-manager binding it (it writes the claimRef first, then the phase, then the
+/// claim's `volumeName`), and the claim it binds must not be provisioned meanwhile.
 pub fn bindable_class(pv: &PersistentVolume) -> Option<&str> {
     if pv.metadata.deletion_timestamp.is_some() {
         return None;
@@ -29,12 +32,13 @@ pub fn bindable_class(pv: &PersistentVolume) -> Option<&str> {
         return None;
     }
     let spec = pv.spec.as_ref()?;
-    let held = spec
-        .claim_ref
-        .as_ref()
-        .and_then(|r| r.uid.as_deref())
-        .is_some_and(|uid| !uid.is_empty());
-    if held {
+    let made_for_a_claim = claim_provisioner_of_volume(pv).is_some()
+        && spec
+            .claim_ref
+            .as_ref()
+            .and_then(|r| r.uid.as_deref())
+            .is_some_and(|uid| !uid.is_empty());
+    if made_for_a_claim {
         return None;
     }
     // The beta annotation wins over the field, as kube-controller-manager reads a PV's class.
@@ -121,15 +125,22 @@ mod tests {
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
+    use crate::controller::decide::ANN_PROVISIONED_BY;
+
+    /// A PV of `class`; one whose claimRef has a UID is a provisioned one (`provisioned-by`).
     fn pv(
         name: &str,
         class: &str,
         phase: Option<&str>,
         claim_uid: Option<&str>,
     ) -> PersistentVolume {
+        let provisioned = claim_uid.is_some_and(|uid| !uid.is_empty());
         PersistentVolume {
             metadata: ObjectMeta {
                 name: Some(name.into()),
+                annotations: provisioned.then(|| {
+                    [(ANN_PROVISIONED_BY.to_string(), "example.com/p".to_string())].into()
+                }),
                 ..Default::default()
             },
             spec: Some(PersistentVolumeSpec {
@@ -147,6 +158,13 @@ mod tests {
                 ..Default::default()
             }),
         }
+    }
+
+    /// A static PV (no `provisioned-by`) kube-controller-manager has written a claim's UID into.
+    fn static_held(phase: Option<&str>) -> PersistentVolume {
+        let mut pv = pv("s", "fast", phase, Some("u"));
+        pv.metadata.annotations = None;
+        pv
     }
 
     #[test]
@@ -189,6 +207,12 @@ mod tests {
                 None,
             ),
             ("bound", pv("p", "fast", Some("Bound"), Some("u")), None),
+            (
+                "static, being bound by kube-controller-manager",
+                static_held(Some("Available")),
+                Some("fast"),
+            ),
+            ("static, bound", static_held(Some("Bound")), None),
             (
                 "released",
                 pv("p", "fast", Some("Released"), Some("u")),

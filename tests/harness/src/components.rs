@@ -1,5 +1,6 @@
 //! Launching the local components (etcd, kube-apiserver, kube-controller-manager) on fresh
-//! loopback ports, each awaited until it really serves, and stopping them by PID.
+//! loopback ports, each awaited until it really serves, and stopping (and starting again) the API
+//! server and kube-controller-manager by PID.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -53,12 +54,19 @@ fn controller_manager_budget() -> (String, String) {
     (qps.to_string(), (2 * qps).to_string())
 }
 
-/// The processes of a local control plane and what is needed to restart the API server.
+/// The processes of a local control plane and what is needed to restart the API server and
+/// kube-controller-manager.
 pub(crate) struct LocalComponents {
     etcd: Process,
     apiserver: Option<Process>,
     apiserver_launch: Launch,
-    controller_manager: Process,
+    controller_manager: Option<Process>,
+    controller_manager_launch: Launch,
+    /// How many kube-controller-manager processes were started: start `n` logs to
+    /// [`controller_manager_log`]`(n)`, so a restart keeps the earlier logs.
+    controller_manager_starts: usize,
+    /// Where the components' logs go.
+    run_dir: PathBuf,
     admin_kubeconfig: PathBuf,
     /// Removes etcd's data (on tmpfs) when the control plane goes.
     _etcd_data_dir: Option<TempDir>,
@@ -89,9 +97,25 @@ impl Launch {
     }
 
     fn spawn(&self) -> anyhow::Result<Process> {
+        self.spawn_logging_to(self.log_path.clone())
+    }
+
+    /// Starts the same program with the same arguments, logging to `log_path` instead (created
+    /// or truncated): a restart that must not overwrite the first process's log.
+    fn spawn_logging_to(&self, log_path: PathBuf) -> anyhow::Result<Process> {
         let mut command = Command::new(&self.program);
         command.args(&self.args);
-        Process::spawn(command, self.log_path.clone())
+        Process::spawn(command, log_path)
+    }
+}
+
+/// The log of kube-controller-manager start `n` (1-based) in `run_dir`:
+/// `kube-controller-manager.log` for the first, `kube-controller-manager-<n>.log` after a restart.
+fn controller_manager_log(run_dir: &Path, n: usize) -> PathBuf {
+    if n <= 1 {
+        run_dir.join("kube-controller-manager.log")
+    } else {
+        run_dir.join(format!("kube-controller-manager-{n}.log"))
     }
 }
 
@@ -141,13 +165,16 @@ impl Identities {
 }
 
 impl LocalComponents {
-    /// The PIDs of the running components, by name (the API server's while it runs).
+    /// The PIDs of the running components, by name (the API server's and kube-controller-manager's
+    /// while they run).
     pub(crate) fn pids(&self) -> Vec<(&'static str, u32)> {
         let mut pids = vec![("etcd", self.etcd.pid())];
         if let Some(apiserver) = &self.apiserver {
             pids.push(("kube-apiserver", apiserver.pid()));
         }
-        pids.push(("kube-controller-manager", self.controller_manager.pid()));
+        if let Some(controller_manager) = &self.controller_manager {
+            pids.push(("kube-controller-manager", controller_manager.pid()));
+        }
         pids
     }
 
@@ -208,11 +235,42 @@ impl LocalComponents {
         Ok(())
     }
 
+    /// Stops kube-controller-manager only (SIGTERM, SIGKILL after 5 s). Does nothing if it is
+    /// stopped.
+    pub(crate) async fn stop_controller_manager(&mut self) -> anyhow::Result<()> {
+        if let Some(mut controller_manager) = self.controller_manager.take() {
+            controller_manager.terminate_async(STOP_GRACE).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts kube-controller-manager again with its first arguments, logging to
+    /// `kube-controller-manager-<n>.log` (the earlier logs stay), and waits until its PV binder
+    /// runs. Does nothing if it is running.
+    pub(crate) async fn start_controller_manager(&mut self) -> anyhow::Result<()> {
+        if self
+            .controller_manager
+            .as_mut()
+            .is_some_and(Process::is_running)
+        {
+            return Ok(());
+        }
+        let n = self.controller_manager_starts + 1;
+        let controller_manager = spawn_controller_manager(
+            &self.controller_manager_launch,
+            controller_manager_log(&self.run_dir, n),
+        )
+        .await?;
+        self.controller_manager_starts = n;
+        self.controller_manager = Some(controller_manager);
+        Ok(())
+    }
+
     /// SIGTERM to every component at once, then SIGKILL to whatever still runs after 5 s.
     pub(crate) fn stop(&mut self) {
         // Controller manager first so it does not log connection errors while the rest goes.
         let mut processes: Vec<&mut Process> = [
-            Some(&mut self.controller_manager),
+            self.controller_manager.as_mut(),
             self.apiserver.as_mut(),
             Some(&mut self.etcd),
         ]
@@ -325,10 +383,31 @@ async fn start_processes(
             ("--port", "0"),
             ("--secure-port", "0"),
         ]),
-        run_dir.join("kube-controller-manager.log"),
+        controller_manager_log(run_dir, 1),
     );
-    let mut controller_manager = controller_manager_launch.spawn()?;
-    let log_path = controller_manager.log_path().to_owned();
+    let controller_manager = spawn_controller_manager(
+        &controller_manager_launch,
+        controller_manager_launch.log_path.clone(),
+    )
+    .await?;
+
+    Ok(LocalComponents {
+        etcd,
+        apiserver: Some(apiserver),
+        apiserver_launch,
+        controller_manager: Some(controller_manager),
+        controller_manager_launch,
+        controller_manager_starts: 1,
+        run_dir: run_dir.to_owned(),
+        admin_kubeconfig: admin_kubeconfig.to_owned(),
+        _etcd_data_dir: None,
+    })
+}
+
+/// Starts kube-controller-manager logging to `log_path` and waits until that log says its PV
+/// binder started. Each start gets a fresh log, so an earlier process's line cannot pass for it.
+async fn spawn_controller_manager(launch: &Launch, log_path: PathBuf) -> anyhow::Result<Process> {
+    let mut controller_manager = launch.spawn_logging_to(log_path.clone())?;
     await_ready(
         &mut controller_manager,
         "running the PV binder",
@@ -343,15 +422,7 @@ async fn start_processes(
         },
     )
     .await?;
-
-    Ok(LocalComponents {
-        etcd,
-        apiserver: Some(apiserver),
-        apiserver_launch,
-        controller_manager,
-        admin_kubeconfig: admin_kubeconfig.to_owned(),
-        _etcd_data_dir: None,
-    })
+    Ok(controller_manager)
 }
 
 /// Waits until the API server answers `/readyz` and has created the `default` namespace.

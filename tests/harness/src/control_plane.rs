@@ -43,7 +43,7 @@ pub struct ControlPlane {
     provisioner_kubeconfig: PathBuf,
     restricted_kubeconfigs: Vec<PathBuf>,
     /// `None` when attached to `WP_KUBECONFIG`. Behind a lock so a test sharing the control
-    /// plane can stop and start the API server.
+    /// plane can stop and start the API server and kube-controller-manager.
     local: Option<tokio::sync::Mutex<LocalComponents>>,
     /// Keeps the run dir on drop when `WP_KEEP_RUN_DIR=1`.
     failed: AtomicBool,
@@ -156,7 +156,8 @@ impl ControlPlane {
     }
 
     /// Temp dir for this run: kubeconfigs, token file, component logs (`etcd.log`,
-    /// `kube-apiserver.log`, `kube-controller-manager.log`). Removed on drop unless
+    /// `kube-apiserver.log`, `kube-controller-manager.log`, and `kube-controller-manager-<n>.log`
+    /// after [`ControlPlane::start_controller_manager`]). Removed on drop unless
     /// `WP_KEEP_RUN_DIR=1` and the start failed, the thread is panicking, or
     /// [`ControlPlane::mark_failed`] was called.
     pub fn run_dir(&self) -> &Path {
@@ -192,6 +193,25 @@ impl ControlPlane {
     pub async fn start_apiserver(&self) -> anyhow::Result<()> {
         let mut local = self.local("start_apiserver")?.lock().await;
         local.start_apiserver().await
+    }
+
+    /// Kills kube-controller-manager only (SIGTERM, SIGKILL after 5 s), for tests of what happens
+    /// while nobody marks or binds claims. etcd and the API server keep running. Does nothing if
+    /// it is already stopped.
+    ///
+    /// Every test sharing this control plane loses its PV binder meanwhile: call it only from
+    /// tests that run one at a time, and start it again however the test ends.
+    pub async fn stop_controller_manager(&self) -> anyhow::Result<()> {
+        let mut local = self.local("stop_controller_manager")?.lock().await;
+        local.stop_controller_manager().await
+    }
+
+    /// Starts kube-controller-manager again with the same arguments and waits until its PV binder
+    /// runs. Each restart logs to a new file in the run dir (`kube-controller-manager-2.log`,
+    /// `-3.log`, ...), so the earlier logs are kept. Does nothing if it is running.
+    pub async fn start_controller_manager(&self) -> anyhow::Result<()> {
+        let mut local = self.local("start_controller_manager")?.lock().await;
+        local.start_controller_manager().await
     }
 
     /// Kills every component by PID (SIGTERM, SIGKILL after 5 s). Idempotent; also run on drop.

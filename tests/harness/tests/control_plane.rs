@@ -1,5 +1,6 @@
 //! The harness starts a working control plane: the PV binder of kube-controller-manager runs, and
-//! the provisioner identity has exactly the RBAC of `deploy/rbac.yaml`.
+//! the provisioner identity has exactly the RBAC of `deploy/rbac.yaml`; the API server and
+//! kube-controller-manager stop and start again.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -30,44 +31,22 @@ async fn control_plane_binds_claims_to_external_provisioners_and_enforces_rbac()
         .await
         .unwrap();
 
-    let class = StorageClass {
-        metadata: named("test-class"),
-        provisioner: TEST_PROVISIONER.into(),
-        volume_binding_mode: Some("Immediate".into()),
-        ..Default::default()
-    };
     Api::<StorageClass>::all(admin.clone())
-        .create(&PostParams::default(), &class)
+        .create(&PostParams::default(), &external_class("test-class"))
         .await
         .unwrap();
 
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), "harness-test");
-    let claim = PersistentVolumeClaim {
-        metadata: named("claim"),
-        spec: Some(PersistentVolumeClaimSpec {
-            storage_class_name: Some("test-class".into()),
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([("storage".into(), Quantity("1Gi".into()))])),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    claims.create(&PostParams::default(), &claim).await.unwrap();
+    claims
+        .create(&PostParams::default(), &claim_of("claim", "test-class"))
+        .await
+        .unwrap();
 
     // Only kube-controller-manager's PV binder sets this annotation: it proves the binder runs.
     let provisioner = wait_for(
         "the PV binder to annotate the claim",
         Duration::from_secs(60),
-        || async {
-            let claim = claims.get("claim").await?;
-            Ok(claim
-                .metadata
-                .annotations
-                .and_then(|annotations| annotations.get(PROVISIONER_ANNOTATION).cloned()))
-        },
+        || async { Ok(provisioner_of(&claims.get("claim").await?)) },
     )
     .await
     .unwrap();
@@ -143,6 +122,118 @@ async fn apiserver_restarts_on_the_same_port_with_its_data() {
         .get("survives")
         .await
         .expect("namespace still there after the restart");
+}
+
+#[tokio::test]
+async fn controller_manager_stops_and_starts_again_with_its_pv_binder() {
+    let control_plane = ControlPlane::start().await.expect("control plane starts");
+    if control_plane.is_attached() {
+        eprintln!("attached to an existing cluster: cannot stop its kube-controller-manager");
+        return;
+    }
+    let admin = control_plane.admin_client().await.unwrap();
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: named("kcm-restart"),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    Api::<StorageClass>::all(admin.clone())
+        .create(&PostParams::default(), &external_class("kcm-restart-class"))
+        .await
+        .unwrap();
+
+    control_plane.stop_controller_manager().await.unwrap();
+    let pids = control_plane.component_pids().await;
+    assert!(
+        pids.iter()
+            .all(|(name, _)| *name != "kube-controller-manager"),
+        "a stopped kube-controller-manager has no PID: {pids:?}"
+    );
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin, "kcm-restart");
+    claims
+        .create(
+            &PostParams::default(),
+            &claim_of("claim", "kcm-restart-class"),
+        )
+        .await
+        .unwrap();
+    // The running binder marks such a claim within a second or two; nobody does while it is down.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let unmarked = claims.get("claim").await.unwrap();
+    assert_eq!(
+        provisioner_of(&unmarked),
+        None,
+        "nobody marks claims while kube-controller-manager is stopped"
+    );
+
+    control_plane.start_controller_manager().await.unwrap();
+    let provisioner = wait_for(
+        "the restarted PV binder to annotate the claim",
+        Duration::from_secs(60),
+        || async { Ok(provisioner_of(&claims.get("claim").await?)) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(provisioner, TEST_PROVISIONER);
+    let pids = control_plane.component_pids().await;
+    assert!(
+        pids.iter()
+            .any(|(name, _)| *name == "kube-controller-manager"),
+        "{pids:?}"
+    );
+    let run_dir = control_plane.run_dir();
+    for log in [
+        "kube-controller-manager.log",
+        "kube-controller-manager-2.log",
+    ] {
+        let text = std::fs::read_to_string(run_dir.join(log)).unwrap_or_default();
+        assert!(
+            text.contains("persistentvolume-binder"),
+            "{log} is kept and tells of its PV binder"
+        );
+    }
+}
+
+/// A StorageClass of [`TEST_PROVISIONER`], which nothing serves: only the PV binder touches its
+/// claims.
+fn external_class(name: &str) -> StorageClass {
+    StorageClass {
+        metadata: named(name),
+        provisioner: TEST_PROVISIONER.into(),
+        volume_binding_mode: Some("Immediate".into()),
+        ..Default::default()
+    }
+}
+
+/// A 1Gi ReadWriteOnce claim of `class`.
+fn claim_of(name: &str, class: &str) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: named(name),
+        spec: Some(PersistentVolumeClaimSpec {
+            storage_class_name: Some(class.into()),
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([("storage".into(), Quantity("1Gi".into()))])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The provisioner the PV binder marked the claim for, if it did.
+fn provisioner_of(claim: &PersistentVolumeClaim) -> Option<String> {
+    claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(PROVISIONER_ANNOTATION).cloned())
 }
 
 fn named(name: &str) -> ObjectMeta {
