@@ -14,7 +14,7 @@ use kube::ResourceExt;
 use kube::runtime::watcher;
 
 use super::cache::CachedVolume;
-use super::decide::{ANN_BETA_STORAGE_CLASS, claim_provisioner_of_volume};
+use super::decide::{claim_provisioner_of_volume, volume_class};
 
 /// The class of a PV kube-controller-manager could bind a claim to: not being deleted, not
 /// Bound, Released or Failed, and not a provisioned PV made for one claim (its claimRef naming
@@ -41,12 +41,7 @@ pub fn bindable_class(pv: &PersistentVolume) -> Option<&str> {
     if made_for_a_claim {
         return None;
     }
-    // The beta annotation wins over the field, as kube-controller-manager reads a PV's class.
-    pv.annotations()
-        .get(ANN_BETA_STORAGE_CLASS)
-        .map(String::as_str)
-        .or(spec.storage_class_name.as_deref())
-        .filter(|class| !class.is_empty())
+    volume_class(pv)
 }
 
 /// Bindable PVs by name (their class), and how many each class has.
@@ -125,7 +120,7 @@ mod tests {
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
-    use crate::controller::decide::ANN_PROVISIONED_BY;
+    use crate::controller::decide::{ANN_BETA_STORAGE_CLASS, ANN_PROVISIONED_BY};
 
     /// A PV of `class`; one whose claimRef has a UID is a provisioned one (`provisioned-by`).
     fn pv(

@@ -54,6 +54,14 @@ pub fn claim_class(pvc: &PersistentVolumeClaim) -> Option<&str> {
         .filter(|c| !c.is_empty())
 }
 
+/// The class a PV is of, as kube-controller-manager matches it to claims: the beta annotation
+/// wins over `spec.storageClassName`, as for a claim ([`claim_class`]).
+pub fn volume_class(pv: &PersistentVolume) -> Option<&str> {
+    annotation(&pv.metadata.annotations, ANN_BETA_STORAGE_CLASS)
+        .or_else(|| pv.spec.as_ref()?.storage_class_name.as_deref())
+        .filter(|c| !c.is_empty())
+}
+
 /// The selected node, GA key first, alpha as fallback.
 pub fn selected_node(pvc: &PersistentVolumeClaim) -> Option<&str> {
     let anns = &pvc.metadata.annotations;
@@ -192,14 +200,14 @@ fn waits_for_mark(class: &StorageClass, unmarked: Unmarked) -> Option<&'static s
 }
 
 /// Should this claim be provisioned? The library's `shouldProvision`, minus the guest hook, and
-/// ahead of kube-controller-manager's mark as `unmarked` allows. `served` says whether a
-/// provisioner name has a loaded guest; `class` is the cached class the claim names
-/// ([`claim_class`]), if it exists.
+/// ahead of kube-controller-manager's mark as `unmarked` says for the claim's class (asked only
+/// of a claim not marked). `served` says whether a provisioner name has a loaded guest; `class`
+/// is the cached class the claim names ([`claim_class`]), if it exists.
 pub fn should_provision<'a, S: Into<Serving>>(
     pvc: &'a PersistentVolumeClaim,
     served: impl Fn(&str) -> S,
     class: Option<&'a StorageClass>,
-    unmarked: Unmarked,
+    unmarked: impl FnOnce(&StorageClass) -> Unmarked,
 ) -> ClaimDecision<'a> {
     if pvc.metadata.deletion_timestamp.is_some() {
         return ClaimDecision::Skip("claim is being deleted");
@@ -212,16 +220,16 @@ pub fn should_provision<'a, S: Into<Serving>>(
     {
         return ClaimDecision::Skip("claim already names a volume");
     }
-    let provisioner = match (claim_provisioner(pvc), class) {
-        (Some(marked), _) => marked,
-        (None, Some(class)) if !class.provisioner.is_empty() => {
-            if let Some(reason) = waits_for_mark(class, unmarked) {
-                return ClaimDecision::Skip(reason);
-            }
-            class.provisioner.as_str()
-        }
-        (None, _) => return ClaimDecision::Skip("no storage-provisioner annotation"),
+    let Some(provisioner) = provisioner_of(pvc, class) else {
+        return ClaimDecision::Skip("no storage-provisioner annotation");
     };
+    // Not marked: the provisioner is the class's (so the class is there).
+    if claim_provisioner(pvc).is_none()
+        && let Some(class) = class
+        && let Some(reason) = waits_for_mark(class, unmarked(class))
+    {
+        return ClaimDecision::Skip(reason);
+    }
     match served(provisioner).into() {
         Serving::Yes => {}
         Serving::Gone => return ClaimDecision::GuestGone(provisioner),
@@ -497,7 +505,7 @@ mod tests {
                 .iter()
                 .find(|c| c.metadata.name.as_deref() == Some(n))
         });
-        should_provision(pvc, |p| p == P, class, Unmarked::Wait)
+        should_provision(pvc, |p| p == P, class, |_| Unmarked::Wait)
     }
 
     #[test]
@@ -506,22 +514,22 @@ mod tests {
         let pvc = claim("a").provisioner(P).class("fast").0;
         let class = Some(&classes[0]);
         assert_eq!(
-            should_provision(&pvc, |_| Serving::Gone, class, Unmarked::Wait),
+            should_provision(&pvc, |_| Serving::Gone, class, |_| Unmarked::Wait),
             ClaimDecision::GuestGone(P)
         );
         assert_eq!(
-            should_provision(&pvc, |_| Serving::No, class, Unmarked::Wait),
+            should_provision(&pvc, |_| Serving::No, class, |_| Unmarked::Wait),
             ClaimDecision::Skip("provisioner not served here")
         );
         // A bound or deleted claim never waits for anything.
         let bound = claim("b").provisioner(P).class("fast").bound_to("pv").0;
         assert!(matches!(
-            should_provision(&bound, |_| Serving::Gone, class, Unmarked::Wait),
+            should_provision(&bound, |_| Serving::Gone, class, |_| Unmarked::Wait),
             ClaimDecision::Skip(_)
         ));
         let deleting = claim("c").provisioner(P).class("fast").deleting().0;
         assert!(matches!(
-            should_provision(&deleting, |_| Serving::Gone, class, Unmarked::Wait),
+            should_provision(&deleting, |_| Serving::Gone, class, |_| Unmarked::Wait),
             ClaimDecision::Skip(_)
         ));
     }
@@ -736,7 +744,7 @@ mod tests {
                     .find(|c| c.metadata.name.as_deref() == Some(n))
             });
             assert_eq!(
-                &should_provision(pvc, |p| p == P, class, *unmarked),
+                &should_provision(pvc, |p| p == P, class, |_| *unmarked),
                 want,
                 "{what}"
             );
@@ -744,7 +752,7 @@ mod tests {
         // An unmarked claim's guest gone for now: it waits for the guest, as a marked one does.
         let pvc = claim("a").class("fast").0;
         assert_eq!(
-            should_provision(&pvc, |_| Serving::Gone, Some(&classes[0]), ahead),
+            should_provision(&pvc, |_| Serving::Gone, Some(&classes[0]), |_| ahead),
             ClaimDecision::GuestGone(P)
         );
         // Whose claim it is: the mark's provisioner, else its class's.

@@ -112,11 +112,7 @@ pub async fn reconcile(
     let name = pv.name_any();
     let key = LockKey::Volume(pv.metadata.uid.clone().unwrap_or_else(|| name.clone()));
     let handle = Handle::open(&ctx, key)?;
-    let class = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.storage_class_name.clone())
-        .unwrap_or_default();
+    let class = class_name_of(&pv);
     let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
     let span = info_span!(
         "volume",

@@ -538,6 +538,31 @@ impl ClaimBuilder {
     }
 }
 
+/// A static PV as an admin writes one: 1Gi of `class`, ReadWriteOnce, a hostPath under
+/// `storage` that nothing mounts, Retain, no provisioner's annotation; pre-bound by name to
+/// `claim` (namespace, name) when some, with no UID, as a user pre-binds one.
+pub fn static_pv(
+    name: &str,
+    class: &str,
+    storage: &Path,
+    claim: Option<(&str, &str)>,
+) -> PersistentVolume {
+    let claim_ref = claim.map(|(namespace, name)| json!({"namespace": namespace, "name": name}));
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "storageClassName": class,
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "volumeMode": "Filesystem",
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": storage.join(name).display().to_string()},
+            "claimRef": claim_ref,
+        }
+    }))
+    .expect("a PersistentVolume")
+}
+
 /// The claim's UID.
 pub fn uid(claim: &PersistentVolumeClaim) -> String {
     claim.metadata.uid.clone().unwrap_or_default()

@@ -21,7 +21,7 @@ use serde_json::json;
 use wp_harness::ControlPlane;
 
 use super::SUITE;
-use super::common::e2e::{pv_name, uid};
+use super::common::e2e::{pv_name, static_pv, uid};
 use super::common::world::World;
 
 /// The annotation kube-controller-manager 1.20 marks a claim with for its external provisioner.
@@ -162,17 +162,7 @@ pub async fn an_available_pv_of_the_class_makes_its_claims_wait_for_the_mark(
         w.cp.stop_controller_manager().await?;
         w.start(&[])?;
         let waiting = w.claim("data").class(&pooled).create().await?;
-        let ahead = w.claim("ahead").class(&other).create().await?;
-        let control = w
-            .claim("control")
-            .class(&other)
-            .annotation(MARK, &w.provisioner)
-            .create()
-            .await?;
-        w.wait_pv(&pv_name(&control)).await?;
-        w.wait_pv(&pv_name(&ahead)).await?;
-        tokio::time::sleep(STILL_WAITING).await;
-        ensure_not_provisioned(&w, &waiting).await?;
+        let ahead = ensure_waits_while_others_are_served(&w, &waiting, &other).await?;
 
         w.cp.start_controller_manager().await?;
         let bound = w.wait_bound("data").await?;
@@ -278,17 +268,7 @@ pub async fn a_retain_class_waits_for_the_mark(cp: Arc<ControlPlane>) -> anyhow:
         let keep = w.class("keep").reclaim("Retain").create().await?;
         let other = w.class("other").create().await?;
         let waiting = w.claim("kept").class(&keep).create().await?;
-        let ahead = w.claim("ahead").class(&other).create().await?;
-        let control = w
-            .claim("control")
-            .class(&other)
-            .annotation(MARK, &w.provisioner)
-            .create()
-            .await?;
-        w.wait_pv(&pv_name(&control)).await?;
-        w.wait_pv(&pv_name(&ahead)).await?;
-        tokio::time::sleep(STILL_WAITING).await;
-        ensure_not_provisioned(&w, &waiting).await?;
+        ensure_waits_while_others_are_served(&w, &waiting, &other).await?;
 
         w.cp.start_controller_manager().await?;
         wait_marked(&w, "kept").await?;
@@ -391,6 +371,29 @@ fn ensure_pre_bound_to(pv: &PersistentVolume, claim: &PersistentVolumeClaim) -> 
     Ok(())
 }
 
+/// `waiting` gets nothing while two claims of `other`, one unmarked (`ahead`, returned) and one
+/// created marked (as kube-controller-manager would have marked it), get their PVs: the
+/// provisioner serves, ahead of the mark too, and still has not provisioned `waiting`
+/// [`STILL_WAITING`] after.
+async fn ensure_waits_while_others_are_served(
+    w: &World,
+    waiting: &PersistentVolumeClaim,
+    other: &str,
+) -> anyhow::Result<PersistentVolumeClaim> {
+    let ahead = w.claim("ahead").class(other).create().await?;
+    let control = w
+        .claim("control")
+        .class(other)
+        .annotation(MARK, &w.provisioner)
+        .create()
+        .await?;
+    w.wait_pv(&pv_name(&control)).await?;
+    w.wait_pv(&pv_name(&ahead)).await?;
+    tokio::time::sleep(STILL_WAITING).await;
+    ensure_not_provisioned(w, waiting).await?;
+    Ok(ahead)
+}
+
 /// Nothing was provisioned for `claim`: no PV named after it, no guest call, no storage.
 async fn ensure_not_provisioned(w: &World, claim: &PersistentVolumeClaim) -> anyhow::Result<()> {
     let pv = pv_name(claim);
@@ -411,29 +414,4 @@ async fn ensure_not_provisioned(w: &World, claim: &PersistentVolumeClaim) -> any
         claim.name_any()
     );
     Ok(())
-}
-
-/// A static PV as an admin writes one: 1Gi of `class`, ReadWriteOnce, a hostPath under
-/// `storage` that nothing mounts, Retain, no provisioner's annotation; pre-bound by name to
-/// `claim` (namespace, name) when some, with no UID, as a user pre-binds one.
-fn static_pv(
-    name: &str,
-    class: &str,
-    storage: &std::path::Path,
-    claim: Option<(&str, &str)>,
-) -> PersistentVolume {
-    let claim_ref = claim.map(|(namespace, name)| json!({"namespace": namespace, "name": name}));
-    serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "storageClassName": class,
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteOnce"],
-            "volumeMode": "Filesystem",
-            "persistentVolumeReclaimPolicy": "Retain",
-            "hostPath": {"path": storage.join(name).display().to_string()},
-            "claimRef": claim_ref,
-        }
-    }))
-    .expect("a PersistentVolume")
 }

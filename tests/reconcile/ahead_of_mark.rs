@@ -2,7 +2,10 @@
 //! mark where nothing else could take them, their finalizer naming the provisioner; left for the
 //! mark under `--wait-for-mark`, in a class that keeps its volumes, and beside an unbound PV.
 
+use k8s_openapi::api::core::v1::PersistentVolumeStatus;
+
 use super::*;
+use common::e2e::static_pv;
 
 /// A claim of `class` without the storage-provisioner annotation.
 fn unmarked(name: &str, class: &str) -> Value {
@@ -15,17 +18,12 @@ fn unmarked(name: &str, class: &str) -> Value {
 
 /// An Available static PV of `class`, as kube-controller-manager could bind a claim to.
 fn available(name: &str, class: &str) -> PersistentVolume {
-    serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "storageClassName": class,
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteOnce"],
-            "hostPath": {"path": "/srv/static"},
-        },
-        "status": {"phase": "Available"},
-    }))
-    .expect("a PV")
+    let mut pv = static_pv(name, class, std::path::Path::new("/srv"), None);
+    pv.status = Some(PersistentVolumeStatus {
+        phase: Some("Available".into()),
+        ..Default::default()
+    });
+    pv
 }
 
 #[tokio::test]

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::ResourceExt;
 
 use super::claim_fingerprint;
 use crate::controller::decide::{self, Serving, Unmarked};
@@ -27,14 +26,13 @@ pub(super) fn queued_for_provision(
     let ClaimPlan::Provision { provisioner, .. } = plan::plan_claim(pvc, &facts) else {
         return None;
     };
-    let provisioner = provisioner.to_owned();
     let uid = pvc.metadata.uid.as_deref()?;
     if ctx.claim_book.is_given_up(uid, claim_fingerprint(pvc, ctx))
         || ctx.claim_book.is_retrying(uid)
     {
         return None;
     }
-    Some(provisioner)
+    Some(provisioner.to_owned())
 }
 
 /// What the plan reads, answered from the caches, the guests and our own recent writes.
@@ -114,7 +112,9 @@ impl ClaimFacts for Facts<'_> {
             return Unmarked::Wait;
         }
         Unmarked::Ahead {
-            bindable_pv_in_class: ctx.bindable.in_class(&class.name_any()),
+            bindable_pv_in_class: ctx
+                .bindable
+                .in_class(class.metadata.name.as_deref().unwrap_or_default()),
         }
     }
 

@@ -122,7 +122,7 @@ pub fn plan_claim<'a, F: ClaimFacts>(
             ClaimPlan::Skip(reason)
         }
     };
-    let unmarked = class.map_or(Unmarked::Wait, |c| facts.unmarked(c));
+    let unmarked = |class: &StorageClass| facts.unmarked(class);
     let (provisioner, class_name) =
         match decide::should_provision(pvc, |p| facts.serving(p), class, unmarked) {
             ClaimDecision::Skip(reason) => return released(reason),
