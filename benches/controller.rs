@@ -427,6 +427,9 @@ struct Provisioned {
     to_gone: Vec<Duration>,
     /// Claims deleted → every PV Released by kube-controller-manager (what deleting waits on).
     all_released: Duration,
+    /// Per PV: claims deleted → it was seen Released (its gone time if no Released version was
+    /// seen), the pace no provisioner can delete ahead of.
+    released: Vec<Duration>,
     /// First claim POSTed → the last one POSTed, and → the last claim kube-controller-manager
     /// marked for its provisioner (the Go library looks at a claim only once it is marked; ours,
     /// by default, as soon as it sees it), and how many claims it marked at all.
@@ -894,16 +897,21 @@ async fn provision_run(
     cpu.extend(cpu_spent("delete", &cpu_delete, &cpu_gone));
     events_drained(admin).await?;
     let after_delete = request_counts(admin).await?;
-    let (to_gone, all_released) = {
+    let (to_gone, released) = {
         let seen = pv_seen.lock().expect("seen");
+        let gone: Vec<Duration> = names.iter().map(|pv| seen.deleted[*pv] - start).collect();
         let released = names
             .iter()
-            .filter_map(|pv| seen.released.get(*pv))
-            .max()
-            .map_or(Duration::ZERO, |at| *at - start);
-        let gone = names.iter().map(|pv| seen.deleted[*pv] - start).collect();
+            .zip(&gone)
+            .map(|(pv, gone)| {
+                seen.released
+                    .get(*pv)
+                    .map_or(*gone, |at| at.saturating_duration_since(start))
+            })
+            .collect::<Vec<_>>();
         (gone, released)
     };
+    let all_released = released.iter().max().copied().unwrap_or_default();
     for watch in watches {
         watch.abort();
     }
@@ -954,6 +962,7 @@ async fn provision_run(
         all_bound,
         all_gone,
         all_released,
+        released,
         all_posted,
         all_marked,
         claims_marked,
@@ -1367,7 +1376,42 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
             let label = format!("{}, {}", side.label(), profile.name);
             calls.push((label.clone(), last.calls_per_claim.clone()));
             cpu.push((label.clone(), cpu_medians(&results)));
-            released.push((label.clone(), triple(|r| r.all_released).0));
+            // Deletes wait on kube-controller-manager's releases: the floor is the fastest this
+            // many writes per delete could go on this budget, none before its PV was Released.
+            let floors: Vec<Duration> = results
+                .iter()
+                .map(|r| {
+                    wp_harness::budget_floor(
+                        &r.released,
+                        r.delete_writes_per_claim,
+                        qps,
+                        f64::from(burst),
+                    )
+                })
+                .collect();
+            let [floor_lo, floor_mid, floor_hi] = spread(&floors);
+            let mut lags: Vec<Duration> = results
+                .iter()
+                .flat_map(|r| {
+                    r.to_gone
+                        .iter()
+                        .zip(&r.released)
+                        .map(|(gone, released)| gone.saturating_sub(*released))
+                })
+                .collect();
+            released.push((
+                label.clone(),
+                format!(
+                    "{} | {:.1} / {:.1} / {:.1} | {gone} ({:.2}x the floor) | {:.0} / {:.0}",
+                    triple(|r| r.all_released).0,
+                    secs(floor_lo),
+                    secs(floor_mid),
+                    secs(floor_hi),
+                    secs(gone_mid) / secs(floor_mid).max(f64::EPSILON),
+                    ms(quantile(&mut lags, 0.5)),
+                    ms(quantile(&mut lags, 0.99)),
+                ),
+            ));
             let mut counts: Vec<usize> = results.iter().map(|r| r.claims_marked).collect();
             counts.sort_unstable();
             marked.push((
@@ -1410,7 +1454,8 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
         println!("- {profile}: {extra:.2}");
     }
     println!(
-        "\nClaims deleted → every PV Released by kube-controller-manager (no provisioner can delete sooner), s:\n"
+        "\nDeleting against kube-controller-manager's releases (no provisioner can delete a PV before it is Released), from the claims' deletion: \
+         every PV Released, s | the budget's floor at the writes per delete, each PV's writes no sooner than its release (round trips not counted), s | every PV and its storage gone, s | a PV's Released → gone, p50 / p99 ms:\n"
     );
     for (profile, times) in released {
         println!("- {profile}: {times}");

@@ -18,6 +18,7 @@ use super::decide::{self, FINALIZER_CLAIM, FINALIZER_PV, has_finalizer};
 use super::events::Event;
 use super::gate::{GateError, LockKey, Scope, Standing};
 use super::node::{HOSTNAME_LABEL, Pin};
+use super::plan::OurDelete;
 use super::storage::claim_entry;
 
 /// How long our own recent writes are remembered while the caches catch up.
@@ -147,11 +148,13 @@ impl<'a> Handle<'a> {
         self.ctx.recent.was_created(pv)
     }
 
-    /// Whether we deleted the PV with this UID recently (its last updates may still arrive).
-    pub fn recently_deleted(&self, pv: &PersistentVolume) -> bool {
-        self.ctx
-            .recent
-            .was_deleted(pv.metadata.uid.as_deref().unwrap_or_default())
+    /// Remembers that the delete of this PV is over: its storage is gone and our last write
+    /// (the finalizer's removal, or the PV's DELETE) has landed. Updates the watch delivers
+    /// after it are of a PV with nothing left to do: reconciling one would only re-read it.
+    pub fn delete_finished(&self, pv: &PersistentVolume) {
+        if let Some(uid) = pv.metadata.uid.as_deref() {
+            self.ctx.recent.deleted(uid, OurDelete::Finished);
+        }
     }
 
     /// Whether a PV of this name exists as far as the cache and our own writes tell.
@@ -411,7 +414,7 @@ impl<'a> Handle<'a> {
             .await
         {
             Ok(_) => {
-                self.ctx.recent.deleted(uid);
+                self.ctx.recent.deleted(uid, OurDelete::Marked);
                 Ok(PvDeleted::Now)
             }
             Err(kube::Error::Api(status)) if status.is_not_found() => Ok(PvDeleted::Gone),
@@ -482,8 +485,8 @@ pub struct RecentWrites {
     created: Mutex<Expiring<()>>,
     /// Claims (by UID) whose finalizer we added (`true`) or removed (`false`).
     claim_finalizers: Mutex<Expiring<bool>>,
-    /// PVs (by UID) we deleted.
-    deleted: Mutex<Expiring<()>>,
+    /// PVs (by UID) we deleted, and how far.
+    deleted: Mutex<Expiring<OurDelete>>,
     /// Claims (by UID) we wrote a grown `status.capacity` for, in bytes.
     grown: Mutex<Expiring<u64>>,
 }
@@ -497,12 +500,16 @@ impl RecentWrites {
         self.created.lock().expect("lock").get(pv).is_some()
     }
 
-    fn deleted(&self, uid: &str) {
-        self.deleted.lock().expect("lock").insert(uid, ());
+    fn deleted(&self, uid: &str, how_far: OurDelete) {
+        self.deleted.lock().expect("lock").insert(uid, how_far);
     }
 
-    pub(super) fn was_deleted(&self, uid: &str) -> bool {
-        self.deleted.lock().expect("lock").get(uid).is_some()
+    pub(super) fn our_delete(&self, uid: &str) -> OurDelete {
+        self.deleted
+            .lock()
+            .expect("lock")
+            .get(uid)
+            .unwrap_or(OurDelete::None)
     }
 
     fn claim_finalizer_set(&self, uid: &str, present: bool) {

@@ -23,7 +23,7 @@ use super::failures::fingerprint;
 use super::gate::{GateError, LockKey};
 use super::handle::{Handle, PvDeleted};
 use super::node::{self, VolumeOwner};
-use super::plan::{self, DeleteOrder, VolumeFacts, VolumePlan};
+use super::plan::{self, DeleteOrder, OurDelete, VolumeFacts, VolumePlan};
 use super::storage::intent::IntentError;
 use super::storage::{self, Deleted, StorageError, volume_entry};
 use crate::controller::convert::ConvertError;
@@ -198,10 +198,10 @@ impl VolumeFacts for Facts<'_> {
         self.ctx.settings.add_pv_finalizer
     }
 
-    fn deleted_by_us(&self) -> bool {
+    fn our_delete(&self) -> OurDelete {
         self.ctx
             .recent
-            .was_deleted(self.pv.metadata.uid.as_deref().unwrap_or_default())
+            .our_delete(self.pv.metadata.uid.as_deref().unwrap_or_default())
     }
 }
 
@@ -278,6 +278,7 @@ async fn delete(handle: &Handle<'_>, pv: &PersistentVolume) -> Result<Done, Volu
     } else {
         remove_pv(handle, &live).await?;
     }
+    handle.delete_finished(&live);
     tracing::info!(guest = guest.name(), "volume deleted");
     Ok(Done::Succeeded)
 }
@@ -407,7 +408,9 @@ async fn delete_node_gone(
         return Ok(Done::Nothing);
     }
     let first = live.metadata.deletion_timestamp.is_none();
-    if remove_pv(handle, &live).await? && first {
+    let removed = remove_pv(handle, &live).await?;
+    handle.delete_finished(&live);
+    if removed && first {
         let grace = node.settings.gone_grace;
         tracing::warn!(
             node = gone,

@@ -4,7 +4,7 @@
 
 pub mod volume;
 
-pub use volume::{DeleteOrder, VolumeFacts, VolumePlan, plan_volume};
+pub use volume::{DeleteOrder, OurDelete, VolumeFacts, VolumePlan, plan_volume};
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;

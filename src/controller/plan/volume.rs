@@ -20,8 +20,20 @@ pub trait VolumeFacts {
     fn serving(&self, provisioner: &str) -> Serving;
     /// `--add-pv-finalizer`: our finalizer holds a `Delete` PV until its storage is gone.
     fn finalizer_mode(&self) -> bool;
-    /// Our own DELETE of this PV (this UID) landed a moment ago.
-    fn deleted_by_us(&self) -> bool;
+    /// How far our own delete of this PV (this UID) got a moment ago.
+    fn our_delete(&self) -> OurDelete;
+}
+
+/// How far our own delete of a PV (by UID) got, as far as this process remembers (its recent writes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OurDelete {
+    /// None of ours recently.
+    None,
+    /// Our DELETE landed; with our finalizer on the PV, its storage and the finalizer may still
+    /// be to go.
+    Marked,
+    /// Its storage is gone and the PV deleted (our finalizer off): nothing is left to do.
+    Finished,
 }
 
 /// In which order a volume's storage and its PV go.
@@ -86,10 +98,14 @@ pub fn plan_volume<'a, F: VolumeFacts>(
         };
     };
     let held = has_finalizer(&pv.metadata.finalizers, FINALIZER_PV);
-    if facts.deleted_by_us() && !held {
-        // Updates sent before our delete landed still arrive. (With our finalizer still on it,
-        // its removal is what is left to do.)
-        return VolumePlan::Skip("deleted by us");
+    match facts.our_delete() {
+        // Updates sent before our delete landed still arrive: the one our DELETE made (marked
+        // deleted, our finalizer on) often comes after we took the finalizer off, and would
+        // cost a re-read of a PV that is gone (measured: 0.28 GETs per delete, on the budget).
+        OurDelete::Finished => return VolumePlan::Skip("deleted by us, storage gone"),
+        // With our finalizer still on it, its removal is what is left to do.
+        OurDelete::Marked if !held => return VolumePlan::Skip("deleted by us"),
+        OurDelete::Marked | OurDelete::None => {}
     }
     let order = if finalizer_mode && held && pv.metadata.deletion_timestamp.is_none() {
         DeleteOrder::BehindFinalizer
@@ -119,7 +135,7 @@ mod tests {
         owner: Option<VolumeOwner>,
         serving: Serving,
         finalizer_mode: bool,
-        deleted_by_us: bool,
+        our_delete: OurDelete,
     }
 
     impl Default for Facts {
@@ -128,7 +144,7 @@ mod tests {
                 owner: None,
                 serving: Serving::Yes,
                 finalizer_mode: false,
-                deleted_by_us: false,
+                our_delete: OurDelete::None,
             }
         }
     }
@@ -147,8 +163,8 @@ mod tests {
         fn finalizer_mode(&self) -> bool {
             self.finalizer_mode
         }
-        fn deleted_by_us(&self) -> bool {
-            self.deleted_by_us
+        fn our_delete(&self) -> OurDelete {
+            self.our_delete
         }
     }
 
@@ -265,7 +281,7 @@ mod tests {
                 "deleted by us a moment ago",
                 pv("Released", "Delete", false, false),
                 Facts {
-                    deleted_by_us: true,
+                    our_delete: OurDelete::Marked,
                     ..log.clone()
                 },
                 VolumePlan::Skip("deleted by us"),
@@ -274,10 +290,28 @@ mod tests {
                 "deleted by us, finalizer still on: its removal is left",
                 pv("Released", "Delete", true, true),
                 Facts {
-                    deleted_by_us: true,
+                    our_delete: OurDelete::Marked,
                     ..finalizers.clone()
                 },
                 delete(DeleteOrder::StorageFirst),
+            ),
+            (
+                "our delete finished, the update our DELETE made arrives after it: nothing left",
+                pv("Released", "Delete", true, true),
+                Facts {
+                    our_delete: OurDelete::Finished,
+                    ..finalizers.clone()
+                },
+                VolumePlan::Skip("deleted by us, storage gone"),
+            ),
+            (
+                "our delete finished, an update from before our DELETE arrives: nothing left",
+                pv("Released", "Delete", true, false),
+                Facts {
+                    our_delete: OurDelete::Finished,
+                    ..finalizers.clone()
+                },
+                VolumePlan::Skip("deleted by us, storage gone"),
             ),
             (
                 "finalizer mode, bound Delete volume without it: add",

@@ -16,6 +16,7 @@
 
 mod apply;
 mod binaries;
+mod budget;
 mod cgroup;
 mod cluster;
 mod components;
@@ -31,6 +32,7 @@ mod wait;
 
 pub use apply::{RBAC_YAML, apply_yaml, create_or_merge_yaml};
 pub use binaries::{BIN_DIR_ENV, Binaries, default_bin_dir};
+pub use budget::budget_floor;
 pub use cgroup::{CgroupVersion, MemoryCgroup};
 pub use cluster::{
     NodeCluster, SHIPPED_NODE_DIR, build_images, pinned_to, render_with_node_dir, with_sizes,
