@@ -1451,6 +1451,8 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
             })
             .map(|(_, per)| per)
             .sum();
+        // An empty f64 sum is -0.0, printed "-0.00" for a client with no extra writes.
+        let extra = extra + 0.0;
         println!("- {profile}: {extra:.2}");
     }
     println!(
