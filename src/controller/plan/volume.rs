@@ -24,7 +24,8 @@ pub trait VolumeFacts {
     fn our_delete(&self) -> OurDelete;
 }
 
-/// How far our own delete of a PV (by UID) got, as far as this process remembers (its recent writes).
+/// How far our own delete of a PV (by UID) got, as far as this process remembers (its recent
+/// writes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OurDelete {
     /// None of ours recently.
