@@ -1325,6 +1325,7 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
     );
     println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut calls = Vec::new();
+    let mut delete_extras = Vec::new();
     let mut released = Vec::new();
     let mut idle = Vec::new();
     let mut marked = Vec::new();
@@ -1391,6 +1392,14 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
             );
             let label = format!("{}, {}", side.label(), profile.name);
             calls.push((label.clone(), last.calls_per_claim.clone()));
+            // The delete's writes on the budget beyond the PV's DELETE: the same writes the
+            // delete ceiling counts, so what is a write is decided in one place.
+            let deletes = last
+                .calls_per_claim
+                .get("delete: DELETE persistentvolumes")
+                .copied()
+                .unwrap_or_default();
+            delete_extras.push((label.clone(), delete_writes - deletes));
             cpu.push((label.clone(), cpu_medians(&results)));
             // Deletes wait on kube-controller-manager's releases: the floor is the fastest this
             // many writes per delete could go on this budget, none before its PV was Released.
@@ -1457,21 +1466,7 @@ async fn throughput(cp: &ControlPlane, admin: &Client, n: usize) -> anyhow::Resu
     println!(
         "\nWrites a delete makes beyond the PV's DELETE (what deleting safely costs: our PV finalizer's PATCH once the storage is gone, intent-log writes), per delete:\n"
     );
-    for (profile, calls) in &calls {
-        let extra: f64 = calls
-            .iter()
-            .filter(|(call, _)| {
-                call.starts_with("delete: ")
-                    && !call.ends_with("GET persistentvolumes")
-                    && !call.ends_with("DELETE persistentvolumes")
-                    && !call.ends_with("PUT persistentvolumes")
-                    && !call.contains("refused (409)")
-                    && !call.ends_with(" events")
-            })
-            .map(|(_, per)| per)
-            .sum();
-        // An empty f64 sum is -0.0, printed "-0.00" for a client with no extra writes.
-        let extra = extra + 0.0;
+    for (profile, extra) in &delete_extras {
         println!("- {profile}: {extra:.2}");
     }
     println!(
